@@ -1,0 +1,234 @@
+"""One batch on a GPU worker: take jobs of one shape, fill, claim, denoise, judge, store, deliver."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpu_tasks import scheduler
+from gpu_tasks.pipeline import Row, encode_png, get_model
+from jobs import actions, events
+from jobs.models import Batch, GeneratedImage, GenerationJob, JobStatus
+from jobs.storage import delete_quietly, public_storage, quarantine_storage, store_bytes
+from safety import image_gate
+from safety.models import SafetyVerdict
+
+log = logging.getLogger(__name__)
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+GATE_TRIES = 3
+
+
+def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
+    """Take a batch from the scheduler, waiting at most FILL_WAIT for a partial one to fill."""
+    taken = scheduler.take(model_name)
+    if taken is None:
+        return None
+    shape = taken.shape
+    info = scheduler.parse_shape(shape)
+    cap = scheduler.cap_for(info["width"], info["height"])
+    entries = list(taken.entries)
+    images = taken.images
+    deadline = time.monotonic() + settings.IMAGEGEN_FILL_WAIT
+    while images < cap and time.monotonic() < deadline:
+        time.sleep(0.02)
+        more = scheduler.take(model_name, only_shape=shape, max_images=cap - images)
+        if more is not None:
+            entries.extend(more.entries)
+            images += more.images
+    batch = Batch.objects.create(
+        model_version=info["model_version"],
+        width=info["width"],
+        height=info["height"],
+        steps=info["steps"],
+        guidance_scale=info["guidance_scale"],
+        scheduler=info["scheduler"],
+        size=0,
+        cap=cap,
+        worker=WORKER_ID,
+    )
+    jobs = [job for job in (actions.claim(e.job_id, batch.id) for e in entries) if job is not None]
+    if not jobs:
+        batch.delete()
+        return None
+    batch.size = sum(job.count for job in jobs)
+    batch.save(update_fields=["size"])
+    return str(batch.id), jobs
+
+
+def run_batch(model_name: str) -> str | None:
+    claimed = take_and_claim(model_name)
+    if claimed is None:
+        return None
+    batch_id, jobs = claimed
+    batch = Batch.objects.get(id=batch_id)
+    rows = [
+        Row(str(job.id), index, job.prompt, job.negative_prompt, job.seed + index)
+        for job in jobs
+        for index in range(job.count)
+    ]
+    model = get_model()
+    job_ids = [str(job.id) for job in jobs]
+    cancelled: set[str] = set()
+    last_renew = time.monotonic()
+    last_preview = 0.0
+
+    def on_step(step: int, total: int, latents) -> bool:
+        nonlocal last_renew, last_preview
+        cancelled.update(scheduler.cancelled_among([j for j in job_ids if j not in cancelled]))
+        live = [j for j in job_ids if j not in cancelled]
+        if not live:
+            return True
+        for job_id in live:
+            events.publish(job_id, {"type": "progress", "step": step, "total": total})
+        now = time.monotonic()
+        if now - last_renew > min(2.0, settings.IMAGEGEN_LEASE_SECONDS / 3):
+            actions.renew_leases(live)
+            GenerationJob.objects.filter(id__in=live, status=JobStatus.RUNNING).update(progress_step=step)
+            last_renew = now
+        if (
+            step % max(1, settings.IMAGEGEN_PREVIEW_EVERY) == 0
+            and step < total
+            and now - last_preview >= settings.IMAGEGEN_PREVIEW_MIN_INTERVAL
+        ):
+            last_preview = now
+            first_row = {}
+            for i, row in enumerate(rows):
+                first_row.setdefault(row.job_id, i)
+            for job_id in live:
+                image = model.preview(latents, first_row[job_id], batch.width, batch.height)
+                events.publish(job_id, {"type": "preview", "step": step, "image": image})
+        return False
+
+    started = time.monotonic()
+    try:
+        images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
+    except Exception as exc:
+        log.exception("batch %s failed", batch_id)
+        for job in jobs:
+            actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
+        _close_batch(batch, time.monotonic() - started)
+        return batch_id
+    _close_batch(batch, time.monotonic() - started)
+    if images is None:  # every job in the batch was cancelled: the loop stopped early
+        return batch_id
+
+    live_jobs = [job for job in jobs if str(job.id) not in cancelled]
+    live_pairs = [(row, image) for row, image in zip(rows, images) if row.job_id not in cancelled]
+    judgements, gate_error = _judge([image for _, image in live_pairs])
+    by_job: dict[str, list] = {}
+    for i, (row, image) in enumerate(live_pairs):
+        by_job.setdefault(row.job_id, []).append((row, image, judgements[i] if judgements else None))
+    for job in live_jobs:
+        deliver(job, by_job.get(str(job.id), []), gate_error)
+    return batch_id
+
+
+def _close_batch(batch: Batch, seconds: float) -> None:
+    Batch.objects.filter(id=batch.id).update(gpu_seconds=seconds, finished_at=timezone.now())
+
+
+def _judge(images) -> tuple[list | None, str]:
+    last = ""
+    for attempt in range(GATE_TRIES):
+        try:
+            return image_gate.judge(images), ""
+        except image_gate.ImageGateError as exc:
+            last = str(exc)
+            log.warning("image gate attempt %s failed: %s", attempt + 1, exc)
+    return None, last
+
+
+def deliver(job: GenerationJob, made: list, gate_error: str) -> None:
+    """Store the job's images and finish it, exactly once for this attempt."""
+    if gate_error:
+        status, stage, reason = JobStatus.FAILED, "", f"the image safety check failed, nothing was delivered: {gate_error}"
+    else:
+        decisions = [j.decision for _, _, j in made]
+        worst = next((j for _, _, j in made if j.decision == "block"), None) or next(
+            (j for _, _, j in made if j.decision == "review"), None
+        )
+        if "block" in decisions:
+            status, stage, reason = JobStatus.BLOCKED, "image", worst.reason
+        elif "review" in decisions:
+            status, stage, reason = JobStatus.REVIEW, "image", worst.reason
+        else:
+            status, stage, reason = JobStatus.DONE, "", ""
+    storage = public_storage() if status == JobStatus.DONE else quarantine_storage()
+    tier = "public" if status == JobStatus.DONE else "quarantine"
+    stored = []
+    try:
+        for row, image, _ in made:
+            stored.append((row, image, store_bytes(encode_png(image), storage)))
+    except Exception as exc:
+        for _, _, obj in stored:
+            delete_quietly(obj.key, storage)
+        log.exception("storing images of job %s failed", job.id)
+        actions.fail_running(job, f"storing the images failed: {type(exc).__name__}")
+        return
+    try:
+        with transaction.atomic():
+            updated = GenerationJob.objects.filter(
+                id=job.id, status=JobStatus.RUNNING, attempts=job.attempts
+            ).update(
+                status=status,
+                blocked_stage=stage,
+                reason=reason,
+                finished_at=timezone.now(),
+                progress_step=job.steps,
+                lease_expires_at=None,
+            )
+            if not updated:
+                raise _LostClaim
+            image_rows = GeneratedImage.objects.bulk_create(
+                [
+                    GeneratedImage(
+                        job_id=job.id,
+                        index=row.index,
+                        seed=row.seed,
+                        storage_key=obj.key,
+                        width=image.width,
+                        height=image.height,
+                        byte_size=obj.byte_size,
+                        sha256=obj.sha256,
+                        tier=tier,
+                    )
+                    for row, image, obj in stored
+                ]
+            )
+            if not gate_error:
+                SafetyVerdict.objects.bulk_create(
+                    [
+                        SafetyVerdict(
+                            job_id=job.id,
+                            image=image_row,
+                            image_index=row.index,
+                            stage="image",
+                            decision=judgement.decision,
+                            category=judgement.category,
+                            score=judgement.score,
+                            reason=judgement.reason,
+                            policy_version=judgement.version,
+                        )
+                        for image_row, (row, _, judgement) in zip(image_rows, made)
+                    ]
+                )
+    except _LostClaim:
+        # Cancelled meanwhile, or the lease expired and another attempt owns the job.
+        for _, _, obj in stored:
+            delete_quietly(obj.key, storage)
+        return
+    job.refresh_from_db()
+    from jobs.serializers import status_event
+
+    events.publish(job.id, status_event(job))
+
+
+class _LostClaim(Exception):
+    pass

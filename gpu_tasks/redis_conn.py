@@ -1,0 +1,17 @@
+"""One Redis client per process for scheduler state, cancel flags and the latest job state."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+
+_client: redis.Redis | None = None
+
+PREFIX = "ig:"
+
+
+def get_redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, socket_timeout=10)
+    return _client

@@ -1,0 +1,89 @@
+"""Typed readers for settings that come from the environment.
+
+They fail loudly: a malformed value stops the process at start-up instead of being read as a
+default the operator did not choose.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class ImproperlyConfiguredEnv(ValueError):
+    pass
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise ImproperlyConfiguredEnv(f"{name} must be set")
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    lowered = value.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfiguredEnv(f"{name}={value!r} is not a boolean (use true/false)")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}={value!r} is not an integer") from exc
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}={value!r} is not a number") from exc
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_sizes(name: str, default: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """A size menu such as "64x64,96x64"."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return list(default)
+    sizes = []
+    for item in value.split(","):
+        try:
+            w, h = item.strip().lower().split("x")
+            sizes.append((int(w), int(h)))
+        except ValueError as exc:
+            raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not WIDTHxHEIGHT") from exc
+    return sizes
+
+
+def env_caps(name: str) -> dict[str, int]:
+    """Per-size batch caps such as "64x64:8,96x96:4"."""
+    caps: dict[str, int] = {}
+    for item in env_list(name, []):
+        try:
+            size, cap = item.split(":")
+            w, h = size.lower().split("x")
+            caps[f"{int(w)}x{int(h)}"] = int(cap)
+        except ValueError as exc:
+            raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not WIDTHxHEIGHT:CAP") from exc
+    return caps

@@ -1,0 +1,224 @@
+"""State changes of a job, as named actions. Views, consumers and tasks call these.
+
+Every transition is a compare-and-set on the current status (a conditional UPDATE), so a
+redelivered or duplicated task can never move a job twice or deliver it twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from gpu_tasks import scheduler
+from gpu_tasks.redis_conn import PREFIX, get_redis
+from jobs import events
+from jobs.models import TERMINAL_STATUSES, GenerationJob, JobStatus
+
+log = logging.getLogger(__name__)
+
+
+def shape_of(job: GenerationJob) -> str:
+    return scheduler.shape_key(
+        job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler
+    )
+
+
+def gpu_queue(model_name: str) -> str:
+    return settings.QUEUE_GPU_PREFIX + model_name
+
+
+def send_batch_token(model_name: str) -> None:
+    """Tell a free GPU worker of the model that there is work; a token that finds none is a no-op."""
+    from gpu_tasks.tasks import run_batch
+
+    run_batch.apply_async(args=[model_name], queue=gpu_queue(model_name))
+
+
+def submit_job(owner, data: dict) -> GenerationJob:
+    """Create a queued job from validated data; the prompt check is sent after commit."""
+    from safety.tasks import check_prompt
+
+    seed = data.get("seed")
+    if seed is None:
+        seed = secrets.randbelow(2**32)
+    with transaction.atomic():
+        job = GenerationJob.objects.create(
+            owner=owner,
+            prompt=data["prompt"],
+            negative_prompt=data.get("negative_prompt", ""),
+            width=data["width"],
+            height=data["height"],
+            steps=data["steps"],
+            guidance_scale=data["guidance_scale"],
+            seed=seed,
+            count=data["count"],
+            model_version=settings.IMAGEGEN_MODEL_VERSION,
+            progress_total=data["steps"],
+        )
+        transaction.on_commit(lambda: check_prompt.delay(str(job.id)))
+    return job
+
+
+def _publish_status(job: GenerationJob) -> None:
+    from jobs.serializers import status_event
+
+    events.publish(job.id, status_event(job))
+
+
+def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
+    updated = GenerationJob.objects.filter(id=job_id, status__in=list(from_statuses)).update(
+        status=to_status, **fields
+    )
+    if updated:
+        _publish_status(GenerationJob.objects.get(id=job_id))
+    return bool(updated)
+
+
+def cancel_job(job: GenerationJob) -> bool:
+    """Cancel a job that has not finished. A running batch sees the flag within one step."""
+    was = job.status
+    if was in TERMINAL_STATUSES:
+        return False
+    changed = _transition(
+        job.id,
+        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
+        JobStatus.CANCELLED,
+        finished_at=timezone.now(),
+        reason="cancelled by the owner",
+    )
+    if changed:
+        scheduler.set_cancel_flag(str(job.id))
+        if job.scheduled_at is not None:
+            scheduler.remove(shape_of(job), str(job.id), job.count)
+    job.refresh_from_db()
+    return changed
+
+
+def block_job(job_id, stage: str, reason: str) -> bool:
+    return _transition(
+        job_id,
+        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
+        JobStatus.BLOCKED,
+        blocked_stage=stage,
+        reason=reason,
+        finished_at=timezone.now(),
+    )
+
+
+def fail_unstarted(job_id, reason: str) -> bool:
+    return _transition(job_id, [JobStatus.QUEUED, JobStatus.REVIEW], JobStatus.FAILED, reason=reason, finished_at=timezone.now())
+
+
+def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatus.QUEUED) -> bool:
+    return _transition(job_id, [from_status], JobStatus.REVIEW, blocked_stage=stage, reason=reason)
+
+
+def admit(job_id) -> bool:
+    """The prompt passed: put the job in its shape's bucket and wake a GPU worker."""
+    now = timezone.now()
+    claimed = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None).update(
+        scheduled_at=now
+    )
+    if not claimed:
+        return False
+    job = GenerationJob.objects.get(id=job_id)
+    _enqueue(job, now.timestamp())
+    return True
+
+
+def _enqueue(job: GenerationJob, enqueued_at: float) -> None:
+    scheduler.enqueue(settings.IMAGEGEN_MODEL_NAME, shape_of(job), str(job.id), job.count, enqueued_at)
+    send_batch_token(settings.IMAGEGEN_MODEL_NAME)
+
+
+def claim(job_id: str, batch_id) -> GenerationJob | None:
+    """queued -> running for one taken job; None when it was cancelled or already taken."""
+    now = timezone.now()
+    job = GenerationJob.objects.filter(id=job_id).first()
+    if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is None:
+        return None
+    attempt = job.attempts + 1
+    updated = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, attempts=job.attempts).update(
+        status=JobStatus.RUNNING,
+        attempts=attempt,
+        started_at=now,
+        batch_id=batch_id,
+        progress_step=0,
+        lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
+        queue_wait_seconds=max(0.0, (now - job.scheduled_at).total_seconds()),
+    )
+    if not updated:
+        return None
+    job.refresh_from_db()
+    _publish_status(job)
+    return job
+
+
+def renew_leases(job_ids: list[str]) -> None:
+    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)
+    )
+
+
+def fail_running(job: GenerationJob, reason: str) -> bool:
+    """running -> failed, only for the attempt that this worker holds."""
+    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
+        status=JobStatus.FAILED, reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
+    )
+    if updated:
+        _publish_status(GenerationJob.objects.get(id=job.id))
+    return bool(updated)
+
+
+def requeue_expired(now=None) -> dict:
+    """Running jobs whose lease expired (their worker died) go back to the queue, or fail
+    after IMAGEGEN_MAX_ATTEMPTS attempts."""
+    now = now or timezone.now()
+    requeued = failed = 0
+    for job in GenerationJob.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=now):
+        if job.attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
+            reason = (
+                f"generation was interrupted {job.attempts} times (the worker was lost); "
+                "giving up so it cannot take more workers down"
+            )
+            if fail_running(job, reason):
+                failed += 1
+            continue
+        updated = GenerationJob.objects.filter(
+            id=job.id, status=JobStatus.RUNNING, attempts=job.attempts, lease_expires_at__lt=now
+        ).update(status=JobStatus.QUEUED, lease_expires_at=None, progress_step=0, batch=None, started_at=None)
+        if updated:
+            job.refresh_from_db()
+            log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts)
+            _publish_status(job)
+            _enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
+            requeued += 1
+    return {"requeued": requeued, "failed": failed}
+
+
+def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> dict:
+    """Re-enqueue admitted, queued jobs that are missing from Redis (state lost or a worker died
+    between taking and claiming), and re-send prompt checks that were lost with the broker."""
+    from safety.tasks import check_prompt
+
+    cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
+    restored = rechecked = 0
+    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
+        if not scheduler.is_enqueued(shape_of(job), str(job.id), job.count):
+            _enqueue(job, job.scheduled_at.timestamp())
+            restored += 1
+    stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))
+    for job_id in GenerationJob.objects.filter(
+        status=JobStatus.QUEUED, scheduled_at=None, created_at__lt=stale_check
+    ).values_list("id", flat=True):
+        # At most one re-sent check a minute per job, so a slow cpu queue is not flooded.
+        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=60):
+            check_prompt.delay(str(job_id))
+            rechecked += 1
+    return {"restored": restored, "rechecked": rechecked}

@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    REVIEW = "review"
+    DONE = "done"
+    BLOCKED = "blocked"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Batch(models.Model):
+    """One pass of the pipeline: the images of one shape that ran together."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    model_version = models.CharField(max_length=100)
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField()
+    guidance_scale = models.FloatField()
+    scheduler = models.CharField(max_length=60, blank=True, default="")
+    size = models.PositiveIntegerField(help_text="images in the pass")
+    cap = models.PositiveIntegerField(help_text="the shape's batch cap when it ran")
+    worker = models.CharField(max_length=200, blank=True, default="")
+    gpu_seconds = models.FloatField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "batches"
+        ordering = ["-started_at"]
+
+    @property
+    def fill(self) -> float:
+        return self.size / self.cap if self.cap else 0.0
+
+    def __str__(self) -> str:
+        return f"batch {self.id} {self.width}x{self.height}x{self.steps} ({self.size}/{self.cap})"
+
+
+class GenerationJob(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    prompt = models.TextField()
+    negative_prompt = models.TextField(blank=True, default="")
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    steps = models.PositiveIntegerField()
+    guidance_scale = models.FloatField()
+    seed = models.BigIntegerField()
+    count = models.PositiveSmallIntegerField(default=1)
+    model_version = models.CharField(max_length=100)
+    scheduler = models.CharField(max_length=60, blank=True, default="")
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
+    reason = models.TextField(blank=True, default="")
+    blocked_stage = models.CharField(max_length=16, blank=True, default="")
+    progress_step = models.PositiveIntegerField(default=0)
+    progress_total = models.PositiveIntegerField(default=0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
+    # scheduler's Redis state from rows that have it and are still queued.
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    queue_wait_seconds = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["owner", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.status})"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def shape(self) -> tuple:
+        return (self.model_version, self.width, self.height, self.steps, self.guidance_scale, self.scheduler)
+
+
+class GeneratedImage(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="images")
+    index = models.PositiveSmallIntegerField()
+    seed = models.BigIntegerField()
+    storage_key = models.CharField(max_length=300, unique=True)
+    width = models.PositiveIntegerField()
+    height = models.PositiveIntegerField()
+    byte_size = models.PositiveIntegerField()
+    sha256 = models.CharField(max_length=64)
+    content_type = models.CharField(max_length=60, default="image/png")
+    # public: delivered, served by URL; quarantine: held or blocked, private storage, staff only.
+    tier = models.CharField(max_length=16, default="public", db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="one_image_per_job_index")]
+
+    def __str__(self) -> str:
+        return f"image {self.index} of {self.job_id}"

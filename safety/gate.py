@@ -1,0 +1,45 @@
+"""The prompt gate: allow (to the scheduler), review (held) or block, with a verdict record."""
+
+from __future__ import annotations
+
+import logging
+
+from jobs import actions
+from jobs.models import GenerationJob, JobStatus
+from safety.models import SafetyVerdict
+
+log = logging.getLogger(__name__)
+
+
+def gate_prompt(job_id: str) -> str:
+    job = GenerationJob.objects.filter(id=job_id).first()
+    if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is not None:
+        return "skipped"
+    # A verdict already recorded (a redelivered task) is reused, never decided twice.
+    verdict = SafetyVerdict.objects.filter(job=job, stage="prompt").order_by("created_at").first()
+    if verdict is None:
+        from safety.prompt_filter import get_prompt_filter
+
+        try:
+            result = get_prompt_filter().check(job.prompt, job.negative_prompt)
+        except Exception as exc:  # fail closed: a broken filter blocks nothing through
+            log.exception("prompt filter failed for job %s", job_id)
+            actions.fail_unstarted(job.id, f"the prompt safety check failed ({type(exc).__name__}); nothing was generated")
+            return "error"
+        verdict = SafetyVerdict.objects.create(
+            job=job,
+            stage="prompt",
+            decision=result.decision,
+            category=result.category,
+            score=result.score,
+            reason=result.reason if result.decision != "allow" else (f"matched: {result.matched}" if result.matched else ""),
+            policy_version=result.policy_version,
+            notes=f"matched: {result.matched}" if result.matched else "",
+        )
+    if verdict.decision == "block":
+        actions.block_job(job.id, "prompt", verdict.reason)
+    elif verdict.decision == "review":
+        actions.hold_for_review(job.id, "prompt", verdict.reason)
+    else:
+        actions.admit(job.id)
+    return verdict.decision

@@ -1,0 +1,172 @@
+"""Fixtures: named users (alice owns, bob is another tenant, mod is a moderator), the tiny
+pipeline on disk, and real Celery workers consuming real Redis queues as separate processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from rest_framework.test import APIClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    path = Path(settings.IMAGEGEN_MODEL_PATH)
+    if not (path / "model_index.json").exists():
+        from gpu_tasks.tiny_pipeline import write_tiny_pipeline
+
+        write_tiny_pipeline(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def redis_client():
+    from gpu_tasks.redis_conn import get_redis
+
+    r = get_redis()
+    r.flushdb()
+    return r
+
+
+def _database_url() -> str:
+    from django.db import connection
+
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] or ""
+    if s.get("PASSWORD"):
+        auth += f":{s['PASSWORD']}"
+    host = s.get("HOST") or "127.0.0.1"
+    port = f":{s['PORT']}" if s.get("PORT") else ""
+    return f"postgres://{auth}@{host}{port}/{s['NAME']}"
+
+
+class Worker:
+    def __init__(self, name: str, queues: str, env: dict, log_dir: Path, beat: bool = False):
+        self.name = name
+        self.log_path = log_dir / f"worker-{name}.log"
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "imagegen", "worker", "-Q", queues, "--pool=solo",
+            "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
+        ]
+        if beat:
+            cmd += ["-B", "--schedule", str(log_dir / f"beat-{name}")]
+        self.log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
+            if b" ready." in self.log_path.read_bytes():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker {self.name} not ready:\n{self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a lost host would."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=15)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                self.kill()
+        self.log.close()
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup, django_db_blocker, tiny_model, redis_client):
+    with django_db_blocker.unblock():
+        url = _database_url()
+    env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "imagegen.settings", "PYTHONUNBUFFERED": "1"}
+    return env
+
+
+@pytest.fixture(scope="session")
+def start_worker(worker_env):
+    started: list[Worker] = []
+    log_dir = Path(settings.VAR_DIR)
+
+    def start(name: str, queues: str, beat: bool = False, wait: bool = True, **env_overrides) -> Worker:
+        worker = Worker(name, queues, {**worker_env, **env_overrides}, log_dir, beat=beat)
+        started.append(worker)
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def workers(start_worker):
+    """One cpu/io worker with the reaper (beat) and one GPU worker, shared by the session."""
+    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", beat=True, wait=False)
+    gpu = start_worker("gpu1", settings.QUEUE_GPU)
+    cpu.wait_ready()
+    return {"cpu": cpu, "gpu": gpu}
+
+
+def make_user(username: str, **extra):
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_user(username=username, password=f"{username}-pw", **extra)
+    Token.objects.create(user=user)
+    return user
+
+
+@pytest.fixture
+def alice(transactional_db):
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(transactional_db):
+    return make_user("bob")
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    return client
+
+
+@pytest.fixture
+def alice_api(alice):
+    return client_for(alice)
+
+
+@pytest.fixture
+def bob_api(bob):
+    return client_for(bob)
+
+
+def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", "review"), timeout: float = 60.0):
+    from jobs.models import GenerationJob
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = GenerationJob.objects.get(id=job_id)
+        if job.status in statuses:
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {job.status} after {timeout}s")

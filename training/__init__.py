@@ -1,0 +1,1 @@
+"""Training code for the shipped shapes text-to-image model and the shapes classifier."""

@@ -1,0 +1,397 @@
+"""Train the shipped "shapes" latent text-to-image model (diffusers StableDiffusionPipeline layout).
+
+    python -m training.train --out models/shapes-v1            # full run (VAE, preview decoder, UNet)
+
+Stages (all seeded, single-threaded by default):
+  1. AutoencoderKL: 64x64x3 pixels <-> 16x16x4 latents (3 block levels, 4x downsampling);
+     the scaling_factor is measured so that scaled latents have ~unit standard deviation.
+  2. Preview decoder: least-squares linear map scaled-latent (4 ch + bias) -> 4x-downsampled RGB,
+     written to <out>/preview_decoder.json.
+  3. A tiny CLIPTextModel (trained jointly) + a small UNet2DConditionModel on the scaled latents,
+     v-prediction, DDPM linear betas, 10% empty captions (classifier-free guidance), EMA weights.
+The pipeline (EMA UNet + text encoder, VAE, tokenizer, DPMSolverMultistep scheduler) is saved
+with StableDiffusionPipeline.save_pretrained every --ckpt-every steps and at the end, so an
+interruption still leaves a loadable model in --out. Resumable state goes to --state.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.shapes_data import ShapesDataset, caption_for, vocabulary
+
+TRAIN_SEED = 1234          # dataset seed used for training (eval uses a disjoint seed)
+MAX_TOKENS = 24            # tokenizer model_max_length == text encoder context used
+SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|unk|>"]
+DEFAULT_STEPS = 20         # documented default number of inference steps
+DEFAULT_GUIDANCE = 6.0
+
+
+def log(*a):
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+# ----------------------------------------------------------------------------- tokenizer
+def write_tokenizer_files(d: Path, words: list[str]) -> None:
+    """Word-level BPE for CLIPTokenizer: every caption word merges to one token ``word</w>``.
+
+    tokenizers' BPE needs every merge part in the vocab, so the left-to-right prefix chain of
+    each word is included. Characters that never start/continue a known word map to <|unk|>.
+    """
+    d.mkdir(parents=True, exist_ok=True)
+    words = sorted(set(words), key=lambda w: (-len(w), w))
+    vocab: dict[str, int] = {t: i for i, t in enumerate(SPECIALS)}
+    merges: list[tuple[str, str]] = []
+
+    def add(t):
+        if t not in vocab:
+            vocab[t] = len(vocab)
+
+    for w in words:
+        syms = list(w[:-1]) + [w[-1] + "</w>"]
+        for s in syms:
+            add(s)
+        cur = syms[0]
+        for s in syms[1:]:
+            if (cur, s) not in merges:
+                merges.append((cur, s))
+            cur = cur + s
+            add(cur)
+    (d / "vocab.json").write_text(json.dumps(vocab, indent=0))
+    (d / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+
+
+def build_tokenizer(tmpdir: Path):
+    from transformers import CLIPTokenizer
+
+    write_tokenizer_files(tmpdir, vocabulary())
+    tok = CLIPTokenizer.from_pretrained(str(tmpdir), unk_token="<|unk|>", model_max_length=MAX_TOKENS)
+    unk = tok.convert_tokens_to_ids("<|unk|>")
+    for w in vocabulary():
+        ids = tok(w, add_special_tokens=False).input_ids
+        assert len(ids) == 1 and ids[0] != unk, (w, ids)
+    return tok
+
+
+# ----------------------------------------------------------------------------- model configs
+def make_vae():
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(
+        in_channels=3, out_channels=3,
+        down_block_types=("DownEncoderBlock2D",) * 3,
+        up_block_types=("UpDecoderBlock2D",) * 3,
+        block_out_channels=(32, 64, 64), layers_per_block=1, latent_channels=4,
+        norm_num_groups=16, sample_size=64, mid_block_add_attention=False,
+    )
+
+
+def make_text_encoder(tok, hidden=128, layers=3):
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    cfg = CLIPTextConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 4,
+        num_hidden_layers=layers, num_attention_heads=4, max_position_embeddings=32,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        projection_dim=hidden,
+    )
+    return CLIPTextModel(cfg)
+
+
+def make_unet(channels=(32, 64, 128), cross_dim=128, layers_per_block=1, attn_top=False):
+    from diffusers import UNet2DConditionModel
+
+    top_down = "CrossAttnDownBlock2D" if attn_top else "DownBlock2D"
+    top_up = "CrossAttnUpBlock2D" if attn_top else "UpBlock2D"
+    return UNet2DConditionModel(
+        sample_size=16, in_channels=4, out_channels=4, layers_per_block=layers_per_block,
+        block_out_channels=tuple(channels),
+        down_block_types=(top_down, "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", top_up),
+        cross_attention_dim=cross_dim, attention_head_dim=8, norm_num_groups=16,
+    )
+
+
+def make_train_scheduler():
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler(num_train_timesteps=1000, beta_schedule="linear", beta_start=0.0001,
+                         beta_end=0.02, prediction_type="v_prediction", clip_sample=False)
+
+
+def make_infer_scheduler():
+    from diffusers import DPMSolverMultistepScheduler
+
+    return DPMSolverMultistepScheduler(num_train_timesteps=1000, beta_schedule="linear",
+                                       beta_start=0.0001, beta_end=0.02, prediction_type="v_prediction",
+                                       algorithm_type="dpmsolver++", solver_order=2)
+
+
+def n_params(m) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+# ----------------------------------------------------------------------------- data
+def to_tensor(imgs_u8: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(imgs_u8).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+
+
+class Pool:
+    """A fixed pool of training samples from the seeded generator (re-captioned at random)."""
+
+    def __init__(self, n: int, seed: int = TRAIN_SEED):
+        ds = ShapesDataset(seed=seed, p_two=0.25)
+        t = time.time()
+        self.imgs, _, self.gts = ds.arrays(range(n))
+        log(f"generated pool of {n} samples in {time.time() - t:.1f}s")
+
+    def captions(self, idx, rng: np.random.Generator, p_no_size=0.3, p_drop=0.1) -> list[str]:
+        caps = []
+        for i in idx:
+            if rng.random() < p_drop:
+                caps.append("")
+            else:
+                gt = self.gts[i]
+                caps.append(caption_for(gt, [bool(rng.random() >= p_no_size) for _ in gt.shapes]))
+        return caps
+
+
+# ----------------------------------------------------------------------------- stage 1: VAE
+def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weight: float):
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    vae = make_vae()
+    log(f"VAE params: {n_params(vae):,}")
+    opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+    t0 = time.time()
+    for step in range(steps):
+        idx = rng.integers(len(pool.imgs), size=batch)
+        x = to_tensor(pool.imgs[idx])
+        post = vae.encode(x).latent_dist
+        z = post.sample()
+        rec = vae.decode(z).sample
+        mse = F.mse_loss(rec, x)
+        kl = (0.5 * (post.mean ** 2 + post.var - 1.0 - post.logvar)).mean()
+        loss = mse + kl_weight * kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"vae step {step} mse {mse.item():.5f} kl {kl.item():.3f} "
+                f"{(time.time() - t0) / (step + 1):.3f}s/step")
+    vae.eval()
+    return vae
+
+
+@torch.no_grad()
+def encode_pool(vae, pool: Pool, bs: int = 256):
+    means, stds = [], []
+    for i in range(0, len(pool.imgs), bs):
+        d = vae.encode(to_tensor(pool.imgs[i:i + bs])).latent_dist
+        means.append(d.mean)
+        stds.append(d.std)
+    return torch.cat(means), torch.cat(stds)
+
+
+@torch.no_grad()
+def fit_preview_decoder(lat_scaled: torch.Tensor, imgs_u8: np.ndarray) -> dict:
+    """Least squares: scaled latent pixel (4 + bias) -> RGB in [0,1] of the 4x-downsampled image."""
+    target = torch.from_numpy(imgs_u8).permute(0, 3, 1, 2).float() / 255.0
+    target = F.avg_pool2d(target, 4)                               # N,3,16,16
+    X = lat_scaled.permute(0, 2, 3, 1).reshape(-1, 4).double()
+    X = torch.cat([X, torch.ones(len(X), 1, dtype=X.dtype)], 1)
+    Y = target.permute(0, 2, 3, 1).reshape(-1, 3).double()
+    sol = torch.linalg.lstsq(X, Y).solution                       # 5 x 3
+    pred = (X @ sol).clamp(0, 1)
+    rmse = float(((pred - Y) ** 2).mean().sqrt())
+    W = sol[:4].T                                                   # 3 x 4
+    b = sol[4]
+    return {"weight": [[float(v) for v in row] for row in W], "bias": [float(v) for v in b],
+            "latent_scaled": True, "fit_rmse": rmse}
+
+
+# ----------------------------------------------------------------------------- saving
+def save_pipeline(out: Path, vae, text_encoder, tokenizer, unet, preview: dict | None, meta: dict,
+                  fp16: bool = True):
+    from diffusers import StableDiffusionPipeline
+
+    dtype = torch.float16 if fp16 else torch.float32
+    pipe = StableDiffusionPipeline(
+        vae=copy.deepcopy(vae).to(dtype), text_encoder=copy.deepcopy(text_encoder).to(dtype),
+        tokenizer=tokenizer, unet=copy.deepcopy(unet).to(dtype), scheduler=make_infer_scheduler(),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+    )
+    out = Path(out)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    pipe.save_pretrained(tmp, safe_serialization=True)
+    if preview is not None:
+        (tmp / "preview_decoder.json").write_text(json.dumps(preview, indent=1))
+    (tmp / "training_info.json").write_text(json.dumps(meta, indent=1))
+    old = None
+    if out.exists():
+        old = out.with_name(out.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        out.rename(old)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+# ----------------------------------------------------------------------------- stage 3: UNet
+def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out: Path, t_start):
+    torch.manual_seed(args.seed + 1)
+    rng = np.random.default_rng(args.seed + 1)
+    sf = vae.config.scaling_factor
+    unet = make_unet(args.unet_channels, cross_dim=args.te_hidden, layers_per_block=args.unet_layers,
+                     attn_top=args.attn_top)
+    te = make_text_encoder(tokenizer, hidden=args.te_hidden, layers=args.te_layers)
+    log(f"UNet params: {n_params(unet):,}  text encoder params: {n_params(te):,}")
+    ema_unet, ema_te = copy.deepcopy(unet).eval(), copy.deepcopy(te).eval()
+    for p in list(ema_unet.parameters()) + list(ema_te.parameters()):
+        p.requires_grad_(False)
+    params = list(unet.parameters()) + list(te.parameters())
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
+    warm = 200
+    lr_fn = lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
+    noise_sched = make_train_scheduler()
+    acp = noise_sched.alphas_cumprod
+    start = 0
+    state_path = Path(args.state)
+    if args.resume and state_path.exists():
+        st = torch.load(state_path, weights_only=False)
+        unet.load_state_dict(st["unet"]); te.load_state_dict(st["te"])
+        ema_unet.load_state_dict(st["ema_unet"]); ema_te.load_state_dict(st["ema_te"])
+        opt.load_state_dict(st["opt"]); sched.load_state_dict(st["sched"])
+        torch.set_rng_state(st["torch_rng"]); rng.bit_generator.state = st["np_rng"]
+        start = st["step"]
+        log(f"resumed from step {start}")
+
+    def ema_update(step):
+        decay = min(args.ema, (1 + step) / (10 + step))
+        with torch.no_grad():
+            for src, dst in ((unet, ema_unet), (te, ema_te)):
+                for ps, pd in zip(src.parameters(), dst.parameters()):
+                    pd.mul_(decay).add_(ps.detach(), alpha=1 - decay)
+
+    unet.train(); te.train()
+    t0 = time.time()
+    loss_avg = None
+    for step in range(start, args.steps):
+        idx = rng.integers(len(pool.imgs), size=args.batch)
+        caps = pool.captions(idx, rng)
+        ids = tokenizer(caps, padding="max_length", max_length=MAX_TOKENS, truncation=True,
+                        return_tensors="pt").input_ids
+        z0 = (lat_mean[idx] + lat_std[idx] * torch.randn_like(lat_mean[idx])) * sf
+        noise = torch.randn_like(z0)
+        t = torch.randint(0, 1000, (args.batch,))
+        a = acp[t].view(-1, 1, 1, 1)
+        zt = a.sqrt() * z0 + (1 - a).sqrt() * noise
+        target = a.sqrt() * noise - (1 - a).sqrt() * z0            # v-prediction
+        enc = te(ids)[0]
+        pred = unet(zt, t, encoder_hidden_states=enc).sample
+        loss = F.mse_loss(pred, target)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        ema_update(step)
+        loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
+        done = step + 1
+        if step % 25 == 0 or done == args.steps:
+            el = time.time() - t0
+            log(f"unet step {done}/{args.steps} loss {loss.item():.4f} avg {loss_avg:.4f} "
+                f"lr {sched.get_last_lr()[0]:.2e} {el / (done - start):.3f}s/step")
+        if done % args.ckpt_every == 0 or done == args.steps:
+            meta = dict(vars(args), unet_step=done, total_wall_s=round(time.time() - t_start, 1),
+                        unet_s_per_step=round((time.time() - t0) / (done - start), 3),
+                        default_inference_steps=DEFAULT_STEPS, default_guidance_scale=DEFAULT_GUIDANCE,
+                        train_dataset_seed=TRAIN_SEED)
+            save_pipeline(out, vae, ema_te, tokenizer, ema_unet, preview, meta, fp16=not args.fp32)
+            torch.save(dict(unet=unet.state_dict(), te=te.state_dict(), ema_unet=ema_unet.state_dict(),
+                            ema_te=ema_te.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
+                            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done),
+                       state_path)
+            log(f"checkpoint saved at step {done} -> {out}")
+    return ema_unet, ema_te
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--pool", type=int, default=30000, help="training samples drawn from the generator")
+    p.add_argument("--vae-steps", type=int, default=600)
+    p.add_argument("--vae-batch", type=int, default=32)
+    p.add_argument("--vae-lr", type=float, default=1e-3)
+    p.add_argument("--kl-weight", type=float, default=1e-4)
+    p.add_argument("--vae-from", default=None, help="reuse the VAE of an existing pipeline dir")
+    p.add_argument("--steps", type=int, default=4000, help="UNet steps")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--unet-channels", type=int, nargs=3, default=[32, 64, 128])
+    p.add_argument("--unet-layers", type=int, default=1)
+    p.add_argument("--attn-top", action="store_true", help="cross-attention at the 16x16 level too")
+    p.add_argument("--te-hidden", type=int, default=128)
+    p.add_argument("--te-layers", type=int, default=3)
+    p.add_argument("--ckpt-every", type=int, default=500)
+    p.add_argument("--state", default="/tmp/shapes_train_state.pt")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--fp32", action="store_true", help="save fp32 weights (default fp16 on disk)")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    t_start = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(Path(tempfile.mkdtemp(prefix="shapes_tok_")))
+    pool = Pool(args.pool)
+
+    if args.vae_from:
+        from diffusers import AutoencoderKL
+        vae = AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae", torch_dtype=torch.float32).eval()
+        log(f"reusing VAE from {args.vae_from} (scaling_factor {vae.config.scaling_factor:.4f})")
+        lat_mean, lat_std = encode_pool(vae, pool)
+    else:
+        vae = train_vae(pool, args.vae_steps, args.vae_batch, args.vae_lr, args.seed, args.kl_weight)
+        lat_mean, lat_std = encode_pool(vae, pool)
+        z = lat_mean + lat_std * torch.randn_like(lat_mean)
+        sf = float(1.0 / z.std())
+        vae.register_to_config(scaling_factor=sf)
+        log(f"VAE done in {time.time() - t_start:.0f}s; latent std {z.std():.4f} mean {z.mean():.4f} "
+            f"-> scaling_factor {sf:.4f}")
+    sf = vae.config.scaling_factor
+    with torch.no_grad():
+        rec = vae.decode(lat_mean[:256]).sample
+        rec_mse = F.mse_loss(rec, to_tensor(pool.imgs[:256])).item()
+    log(f"VAE reconstruction mse (in [-1,1]) on 256 pool images: {rec_mse:.5f}")
+    preview = fit_preview_decoder(lat_mean * sf, pool.imgs)
+    preview["vae_recon_mse"] = rec_mse
+    log(f"preview decoder fit rmse {preview['fit_rmse']:.4f}")
+    train_unet(args, vae, tokenizer, lat_mean, lat_std, pool, preview, out, t_start)
+    log(f"all done in {time.time() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
