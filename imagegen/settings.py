@@ -143,7 +143,6 @@ IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)
 IMAGEGEN_IMAGE_CLASSIFIER = env_str("IMAGEGEN_IMAGE_CLASSIFIER", f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v1'}")
 IMAGEGEN_CLASSIFIER_TIMEOUT = env_float("IMAGEGEN_CLASSIFIER_TIMEOUT", 30.0)
 IMAGEGEN_SAFETY_POLICY = env_str("IMAGEGEN_SAFETY_POLICY", str(BASE_DIR / "safety" / "policy.json"))
-IMAGEGEN_PROMPT_EMBEDDINGS = env_bool("IMAGEGEN_PROMPT_EMBEDDINGS", True)
 
 # --- Celery: one routing table, every queue named once ---
 QUEUE_CPU = env_str("IMAGEGEN_QUEUE_CPU", "cpu")

@@ -643,3 +643,17 @@ def test_example_embeddings_are_computed_once_per_process(full_filter):
 
     examples = [ex for c in full_filter.categories for ex in c.examples]
     assert all(ex in pf._EXAMPLE_CACHE for ex in examples)
+
+
+def test_get_prompt_filter_falls_back_to_the_django_setting(tmp_path, monkeypatch):
+    import types
+
+    fake_settings = types.SimpleNamespace(configured=True, IMAGEGEN_SAFETY_POLICY=str(_write_policy(tmp_path, MINIMAL_POLICY)))
+    monkeypatch.setitem(sys.modules, "django.conf", types.SimpleNamespace(settings=fake_settings))
+    monkeypatch.delenv("IMAGEGEN_SAFETY_POLICY", raising=False)
+    monkeypatch.setenv("IMAGEGEN_SAFETY_EMBEDDINGS", "0")
+    reset_prompt_filter()
+    try:
+        assert get_prompt_filter().version == "test-policy-7"
+    finally:
+        reset_prompt_filter()
