@@ -168,5 +168,7 @@ def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", 
         job = GenerationJob.objects.get(id=job_id)
         if job.status in statuses:
             return job
+        if job.status in ("done", "failed", "blocked", "cancelled"):
+            raise AssertionError(f"job {job_id} ended {job.status} ({job.reason}), expected {statuses}")
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} still {job.status} after {timeout}s")

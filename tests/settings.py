@@ -33,6 +33,7 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_IMAGE_CLASSIFIER", "none")
     os.environ.setdefault("IMAGEGEN_DEFAULT_STEPS", "4")
     os.environ.setdefault("IMAGEGEN_FILL_WAIT", "0.3")
+    os.environ.setdefault("IMAGEGEN_BATCH_CAP", "4")
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")
     os.environ.setdefault("IMAGEGEN_REAPER_INTERVAL", "1")
     os.environ.setdefault("IMAGEGEN_TORCH_THREADS", "1")

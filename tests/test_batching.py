@@ -1,0 +1,143 @@
+"""Cross-user same-shape batching: pull-based batches, fill wait, leases and the reaper."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from django.conf import settings
+
+from gpu_tasks.redis_conn import PREFIX
+from jobs.models import Batch, GeneratedImage, GenerationJob
+from tests.conftest import client_for, make_user, wait_for_status
+from tests.test_generation import pixels, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def wait_all(ids, statuses=("done",), timeout=120.0):
+    return [wait_for_status(i, statuses, timeout=timeout) for i in ids]
+
+
+def occupy_gpu(api, steps=40):
+    """A job of another shape that keeps the GPU worker busy while the rest queue up."""
+    job = submit(api, width=96, height=96, steps=steps, count=4, prompt="a busy blocker")
+    deadline = time.monotonic() + 30
+    while GenerationJob.objects.get(id=job["id"]).status != "running":
+        assert time.monotonic() < deadline, "the blocker never started"
+        time.sleep(0.05)
+    return job
+
+
+def test_six_same_shape_jobs_with_cap_four_run_as_two_full_passes_across_users(workers, alice_api, bob_api):
+    assert settings.IMAGEGEN_BATCH_CAP == 4
+    blocker = occupy_gpu(alice_api)
+    apis = [alice_api, bob_api] * 3
+    ids = [submit(api, seed=100 + i, steps=3)["id"] for i, api in enumerate(apis)]
+    jobs = wait_all(ids)
+    wait_for_status(blocker["id"], ("done",))
+    batches = {job.batch_id for job in jobs}
+    assert len(batches) == 2, "six jobs should take two passes, not six"
+    sizes = sorted(Batch.objects.get(id=b).size for b in batches)
+    assert sizes == [2, 4]
+    full = Batch.objects.get(id=next(b for b in batches if Batch.objects.get(id=b).size == 4))
+    owners = {job.owner_id for job in jobs if job.batch_id == full.id}
+    assert len(owners) == 2, "the full batch mixes alice's and bob's jobs"
+    assert full.fill == 1.0 and full.gpu_seconds > 0
+    body = alice_api.get(f"/api/v1/jobs/{ids[0]}").json()
+    assert body["batch"]["size"] in (2, 4)
+    assert body["queue_wait_seconds"] is not None and body["queue_wait_seconds"] >= 0
+
+
+def test_mixed_shapes_never_share_a_batch(workers, alice_api):
+    blocker = occupy_gpu(alice_api, steps=25)
+    shapes = [(64, 64, 3), (96, 64, 3), (64, 64, 4), (64, 96, 3)] * 2
+    ids = [submit(alice_api, width=w, height=h, steps=s, seed=i)["id"] for i, (w, h, s) in enumerate(shapes)]
+    jobs = wait_all(ids)
+    wait_for_status(blocker["id"], ("done",))
+    by_batch: dict = {}
+    for job in jobs:
+        by_batch.setdefault(job.batch_id, set()).add((job.width, job.height, job.steps))
+    assert all(len(s) == 1 for s in by_batch.values()), by_batch
+    # Same shapes did meet: 8 jobs of 4 shapes took fewer than 8 passes.
+    assert len(by_batch) < len(jobs)
+
+
+def test_a_lone_job_starts_within_the_fill_wait_plus_slack(workers, alice_api):
+    time.sleep(0.5)  # let earlier work drain
+    job = wait_for_status(submit(alice_api, steps=2)["id"], ("done",))
+    assert job.queue_wait_seconds <= settings.IMAGEGEN_FILL_WAIT + 1.5
+
+
+def test_an_image_in_a_batch_equals_the_same_request_made_alone(workers, alice_api, bob_api):
+    blocker = occupy_gpu(alice_api, steps=20)
+    together = [submit(api, seed=900 + i, steps=4, prompt=p) for i, (api, p) in enumerate(
+        [(alice_api, "a red circle"), (bob_api, "a blue square on a green background"), (alice_api, "two yellow triangles")]
+    )]
+    wait_all([j["id"] for j in together])
+    wait_for_status(blocker["id"], ("done",))
+    assert len({GenerationJob.objects.get(id=j["id"]).batch_id for j in together}) == 1
+    alone = submit(bob_api, seed=901, steps=4, prompt="a blue square on a green background")
+    job = wait_for_status(alone["id"], ("done",))
+    assert job.batch.size == 1
+    diff = np.abs(pixels(together[1]["id"])[0].astype(int) - pixels(alone["id"])[0].astype(int)).max()
+    assert diff <= 3, f"batched and lone pixels differ by {diff} levels"
+
+
+def test_sigkill_of_a_gpu_worker_mid_batch_loses_no_job_and_duplicates_nothing(workers, start_worker, alice_api):
+    second = start_worker("gpu-victim", settings.QUEUE_GPU)
+    victim_id = f"{second.proc.pid}"
+    ids = [submit(alice_api, seed=i, steps=30, count=2, width=64, height=96)["id"] for i in range(6)]
+    deadline = time.monotonic() + 60
+    while not Batch.objects.filter(worker__endswith=f":{victim_id}", finished_at=None).exists():
+        assert time.monotonic() < deadline, "the victim never took a batch"
+        time.sleep(0.05)
+    time.sleep(0.5)  # mid-denoise
+    second.kill()
+    jobs = wait_all(ids, timeout=180)
+    for job in jobs:
+        assert job.images.count() == 2
+        assert sorted(job.images.values_list("index", flat=True)) == [0, 1]
+    assert max(job.attempts for job in jobs) >= 2, "the killed batch's jobs ran again"
+    keys = list(GeneratedImage.objects.filter(job_id__in=ids).values_list("storage_key", flat=True))
+    assert len(keys) == len(set(keys)) == 12
+
+
+def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, alice_api):
+    from jobs.actions import requeue_expired
+
+    job = submit(alice_api, steps=2)
+    wait_for_status(job["id"], ("done",))
+    # Pretend its worker died mid-run on the last allowed attempt.
+    GenerationJob.objects.filter(id=job["id"]).update(
+        status="running", attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
+    )
+    assert requeue_expired() == {"requeued": 0, "failed": 1}
+    row = GenerationJob.objects.get(id=job["id"])
+    assert row.status == "failed" and "interrupted" in row.reason
+
+
+def test_flushing_the_schedulers_redis_keys_mid_run_loses_no_job(workers, alice_api, redis_client):
+    blocker = occupy_gpu(alice_api, steps=30)
+    ids = [submit(alice_api, seed=i, steps=3, width=96, height=64)["id"] for i in range(5)]
+    deadline = time.monotonic() + 20
+    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    lost = [k for k in redis_client.scan_iter(f"{PREFIX}*") if k.startswith((f"{PREFIX}q:", f"{PREFIX}shapes:"))]
+    assert lost, "the jobs should be waiting in the scheduler"
+    redis_client.delete(*lost)
+    redis_client.delete(settings.QUEUE_GPU)  # the batch tokens too
+    jobs = wait_all(ids, timeout=120)
+    wait_for_status(blocker["id"], ("done",))
+    assert all(job.images.count() == 1 for job in jobs)
+
+
+def test_two_users_in_flight_get_their_own_images(workers, transactional_db):
+    carol, dave = make_user("carol"), make_user("dave")
+    a = submit(client_for(carol), seed=5, steps=2)
+    b = submit(client_for(dave), seed=5, steps=2)
+    wait_all([a["id"], b["id"]])
+    assert client_for(dave).get(f"/api/v1/jobs/{a['id']}").status_code == 404
+    assert GenerationJob.objects.get(id=a["id"]).images.get().storage_key != GenerationJob.objects.get(id=b["id"]).images.get().storage_key
