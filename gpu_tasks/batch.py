@@ -12,8 +12,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpu_tasks import scheduler
+from gpu_tasks.event_pump import pump
 from gpu_tasks.pipeline import Row, encode_png, get_model
-from jobs import actions, events
+from jobs import actions
 from jobs.models import Batch, GeneratedImage, GenerationJob, JobStatus
 from jobs.storage import delete_quietly, public_storage, quarantine_storage, store_bytes
 from safety import image_gate
@@ -53,7 +54,7 @@ def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
         cap=cap,
         worker=WORKER_ID,
     )
-    jobs = [job for job in (actions.claim(e.job_id, batch.id) for e in entries) if job is not None]
+    jobs = actions.claim_batch([e.job_id for e in entries], batch.id)
     if not jobs:
         batch.delete()
         return None
@@ -86,7 +87,7 @@ def run_batch(model_name: str) -> str | None:
         if not live:
             return True
         for job_id in live:
-            events.publish(job_id, {"type": "progress", "step": step, "total": total})
+            pump.publish(job_id, {"type": "progress", "step": step, "total": total})
         now = time.monotonic()
         if now - last_renew > min(2.0, settings.IMAGEGEN_LEASE_SECONDS / 3):
             actions.renew_leases(live)
@@ -103,19 +104,21 @@ def run_batch(model_name: str) -> str | None:
                 first_row.setdefault(row.job_id, i)
             for job_id in live:
                 image = model.preview(latents, first_row[job_id], batch.width, batch.height)
-                events.publish(job_id, {"type": "preview", "step": step, "image": image})
+                pump.publish(job_id, {"type": "preview", "step": step, "image": image})
         return False
 
     started = time.monotonic()
     try:
         images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
     except Exception as exc:
+        pump.flush()
         log.exception("batch %s failed", batch_id)
         for job in jobs:
             actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
         _close_batch(batch, time.monotonic() - started)
         return batch_id
     _close_batch(batch, time.monotonic() - started)
+    pump.flush()  # progress and previews go out before any final status
     if images is None:  # every job in the batch was cancelled: the loop stopped early
         return batch_id
 
@@ -125,8 +128,7 @@ def run_batch(model_name: str) -> str | None:
     by_job: dict[str, list] = {}
     for i, (row, image) in enumerate(live_pairs):
         by_job.setdefault(row.job_id, []).append((row, image, judgements[i] if judgements else None))
-    for job in live_jobs:
-        deliver(job, by_job.get(str(job.id), []), gate_error)
+    deliver_all([(job, by_job.get(str(job.id), [])) for job in live_jobs], gate_error)
     return batch_id
 
 
@@ -145,89 +147,101 @@ def _judge(images) -> tuple[list | None, str]:
     return None, last
 
 
-def deliver(job: GenerationJob, made: list, gate_error: str) -> None:
-    """Store the job's images and finish it, exactly once for this attempt."""
+def _outcome(made: list, gate_error: str) -> tuple[str, str, str]:
+    """The job's status, blocked stage and reason: the worst image decides."""
     if gate_error:
-        status, stage, reason = JobStatus.FAILED, "", f"the image safety check failed, nothing was delivered: {gate_error}"
-    else:
-        decisions = [j.decision for _, _, j in made]
-        worst = next((j for _, _, j in made if j.decision == "block"), None) or next(
-            (j for _, _, j in made if j.decision == "review"), None
-        )
-        if "block" in decisions:
-            status, stage, reason = JobStatus.BLOCKED, "image", worst.reason
-        elif "review" in decisions:
-            status, stage, reason = JobStatus.REVIEW, "image", worst.reason
-        else:
-            status, stage, reason = JobStatus.DONE, "", ""
-    storage = public_storage() if status == JobStatus.DONE else quarantine_storage()
-    tier = "public" if status == JobStatus.DONE else "quarantine"
-    stored = []
-    try:
-        for row, image, _ in made:
-            stored.append((row, image, store_bytes(encode_png(image), storage)))
-    except Exception as exc:
-        for _, _, obj in stored:
-            delete_quietly(obj.key, storage)
-        log.exception("storing images of job %s failed", job.id)
-        actions.fail_running(job, f"storing the images failed: {type(exc).__name__}")
-        return
-    try:
-        with transaction.atomic():
-            updated = GenerationJob.objects.filter(
-                id=job.id, status=JobStatus.RUNNING, attempts=job.attempts
-            ).update(
-                status=status,
-                blocked_stage=stage,
-                reason=reason,
-                finished_at=timezone.now(),
-                progress_step=job.steps,
-                lease_expires_at=None,
-            )
-            if not updated:
-                raise _LostClaim
-            image_rows = GeneratedImage.objects.bulk_create(
-                [
-                    GeneratedImage(
-                        job_id=job.id,
-                        index=row.index,
-                        seed=row.seed,
-                        storage_key=obj.key,
-                        width=image.width,
-                        height=image.height,
-                        byte_size=obj.byte_size,
-                        sha256=obj.sha256,
-                        tier=tier,
-                    )
-                    for row, image, obj in stored
-                ]
-            )
-            if not gate_error:
-                SafetyVerdict.objects.bulk_create(
-                    [
-                        SafetyVerdict(
-                            job_id=job.id,
-                            image=image_row,
-                            image_index=row.index,
-                            stage="image",
-                            decision=judgement.decision,
-                            category=judgement.category,
-                            score=judgement.score,
-                            reason=judgement.reason,
-                            policy_version=judgement.version,
-                        )
-                        for image_row, (row, _, judgement) in zip(image_rows, made)
-                    ]
-                )
-    except _LostClaim:
-        # Cancelled meanwhile, or the lease expired and another attempt owns the job.
-        for _, _, obj in stored:
-            delete_quietly(obj.key, storage)
-        return
-    job.refresh_from_db()
+        return JobStatus.FAILED, "", f"the image safety check failed, nothing was delivered: {gate_error}"
+    for decision, status in (("block", JobStatus.BLOCKED), ("review", JobStatus.REVIEW)):
+        worst = next((j for _, _, j in made if j.decision == decision), None)
+        if worst is not None:
+            return status, "image", worst.reason
+    return JobStatus.DONE, "", ""
+
+
+def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None:
+    """Store each job's images and finish it exactly once for this attempt, all in one
+    transaction (a savepoint per job, so one lost claim does not undo the others)."""
+    stored_by_job = {}
+    for job, made in work:
+        status, stage, reason = _outcome(made, gate_error)
+        # Only a delivered job's bytes are public; held, blocked and unjudged ones stay private.
+        storage = public_storage() if status == JobStatus.DONE else quarantine_storage()
+        stored = []
+        try:
+            for row, image, _ in made:
+                stored.append((row, image, store_bytes(encode_png(image), storage)))
+        except Exception as exc:
+            for _, _, obj in stored:
+                delete_quietly(obj.key, storage)
+            log.exception("storing images of job %s failed", job.id)
+            actions.fail_running(job, f"storing the images failed: {type(exc).__name__}")
+            continue
+        stored_by_job[job.id] = (status, stage, reason, storage, stored)
+    finished = []
+    with transaction.atomic():
+        for job, made in work:
+            if job.id not in stored_by_job:
+                continue
+            status, stage, reason, storage, stored = stored_by_job[job.id]
+            try:
+                with transaction.atomic():
+                    _record(job, made, stored, status, stage, reason, storage, gate_error)
+                finished.append(job.id)
+            except _LostClaim:
+                # Cancelled meanwhile, or the lease expired and another attempt owns the job.
+                transaction.on_commit(lambda objs=stored, st=storage: [delete_quietly(o.key, st) for _, _, o in objs])
     from jobs.serializers import status_event
 
-    events.publish(job.id, status_event(job))
+    for job in GenerationJob.objects.filter(id__in=finished).prefetch_related("images"):
+        pump.publish(job.id, status_event(job))
+
+
+def _record(job, made, stored, status, stage, reason, storage, gate_error) -> None:
+    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
+        status=status,
+        blocked_stage=stage,
+        reason=reason,
+        finished_at=timezone.now(),
+        progress_step=job.steps,
+        lease_expires_at=None,
+    )
+    if not updated:
+        raise _LostClaim
+    tier = "public" if status == JobStatus.DONE else "quarantine"
+    image_rows = GeneratedImage.objects.bulk_create(
+        [
+            GeneratedImage(
+                job_id=job.id,
+                index=row.index,
+                seed=row.seed,
+                storage_key=obj.key,
+                width=image.width,
+                height=image.height,
+                byte_size=obj.byte_size,
+                sha256=obj.sha256,
+                tier=tier,
+            )
+            for row, image, obj in stored
+        ]
+    )
+    if gate_error:
+        return
+    SafetyVerdict.objects.bulk_create(
+        [
+            SafetyVerdict(
+                job_id=job.id,
+                image=image_row,
+                image_index=row.index,
+                stage="image",
+                decision=judgement.decision,
+                category=judgement.category,
+                score=judgement.score,
+                reason=judgement.reason,
+                policy_version=judgement.version,
+            )
+            for image_row, (row, _, judgement) in zip(image_rows, made)
+        ]
+    )
 
 
 class _LostClaim(Exception):

@@ -72,7 +72,13 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Web and workers are separate processes writing one file: wait for the lock, don't fail.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "transaction_mode": "IMMEDIATE"}
+    # WAL lets the web process read while a worker writes; synchronous=NORMAL keeps WAL durable
+    # across process crashes (not power loss), which is the embedded default's promise.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
     DATABASES["default"]["CONN_MAX_AGE"] = 0
     # Tests share the database with worker processes, so the test database is a file too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}

@@ -13,11 +13,11 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from gpu_tasks import scheduler
 from gpu_tasks.redis_conn import PREFIX, get_redis
-from jobs import events
 from jobs.models import TERMINAL_STATUSES, GenerationJob, JobStatus
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,10 @@ def submit_job(owner, data: dict) -> GenerationJob:
 
 
 def _publish_status(job: GenerationJob) -> None:
+    from gpu_tasks.event_pump import pump
     from jobs.serializers import status_event
 
-    events.publish(job.id, status_event(job))
+    pump.publish(job.id, status_event(job))
 
 
 def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
@@ -137,27 +138,24 @@ def _enqueue(job: GenerationJob, enqueued_at: float) -> None:
     send_batch_token(settings.IMAGEGEN_MODEL_NAME)
 
 
-def claim(job_id: str, batch_id) -> GenerationJob | None:
-    """queued -> running for one taken job; None when it was cancelled or already taken."""
+def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
+    """queued -> running for the taken jobs, in one UPDATE; cancelled or already-taken jobs
+    (a stale or duplicated scheduler entry) are simply not claimed."""
     now = timezone.now()
-    job = GenerationJob.objects.filter(id=job_id).first()
-    if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is None:
-        return None
-    attempt = job.attempts + 1
-    updated = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, attempts=job.attempts).update(
+    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).update(
         status=JobStatus.RUNNING,
-        attempts=attempt,
+        attempts=F("attempts") + 1,
         started_at=now,
         batch_id=batch_id,
         progress_step=0,
         lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
-        queue_wait_seconds=max(0.0, (now - job.scheduled_at).total_seconds()),
     )
-    if not updated:
-        return None
-    job.refresh_from_db()
-    _publish_status(job)
-    return job
+    jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
+    order = {str(j): i for i, j in enumerate(job_ids)}
+    jobs.sort(key=lambda job: order[str(job.id)])
+    for job in jobs:
+        _publish_status(job)
+    return jobs
 
 
 def renew_leases(job_ids: list[str]) -> None:

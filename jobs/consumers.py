@@ -1,9 +1,20 @@
+"""WS /ws/jobs/<id>/: the job's events as JSON text frames, owner only, current state first.
+
+Refusals happen at the handshake (the consumer closes before accepting, which the server turns
+into HTTP 403): not the owner, not signed in, or (through AllowedHostsOriginValidator in
+imagegen/asgi.py) an Origin that is not an allowed host. After the terminal status the server
+closes the socket with code 1000.
+"""
+
 from __future__ import annotations
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from jobs.events import group_name
-from jobs.realtime import current_events, owned_job
+from jobs.realtime import EventOrder, current_events, owned_job
+
+CLOSE_NORMAL = 1000
+CLOSE_NOT_FOUND = 4404  # sent before accept, so clients see a refused handshake (HTTP 403)
 
 
 class JobEventsConsumer(AsyncJsonWebsocketConsumer):
@@ -12,22 +23,37 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self):
         self.job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
         self.group = None
+        self.order = EventOrder()
         job = await owned_job(self.scope.get("user"), self.job_id)
         if job is None:
-            await self.close(code=4404)
+            await self.close(code=CLOSE_NOT_FOUND)
             return
+        # Join the group before reading the state, so nothing in between is missed; EventOrder
+        # drops what the replay already covered.
         self.group = group_name(self.job_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         for event in await current_events(self.job_id):
-            await self.send_json(event)
+            await self._send(event)
 
     async def disconnect(self, code):
         if self.group:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
 
     async def job_event(self, message):
-        await self.send_json(message["event"])
+        await self._send(message["event"])
+
+    async def _send(self, event: dict) -> None:
+        if not self.order.admit(event):
+            return
+        await self.send_json(event)
+        if self.order.finished:
+            await self.close(code=CLOSE_NORMAL)
 
     async def receive_json(self, content, **kwargs):
         pass  # the socket is one-way; cancel goes through the REST API
+
+    @classmethod
+    async def decode_json(cls, text_data):
+        return None  # ignore anything the client sends, even if it is not JSON

@@ -72,7 +72,6 @@ class GenerationJob(models.Model):
     # scheduler's Redis state from rows that have it and are still queued.
     scheduled_at = models.DateTimeField(null=True, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    queue_wait_seconds = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -87,6 +86,13 @@ class GenerationJob(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def queue_wait_seconds(self) -> float | None:
+        """Seconds from admission to the scheduler until a GPU worker took the job."""
+        if self.scheduled_at is None or self.started_at is None:
+            return None
+        return max(0.0, (self.started_at - self.scheduled_at).total_seconds())
 
     @property
     def shape(self) -> tuple:

@@ -6,6 +6,19 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
 from jobs.events import last_state
+
+try:  # pragma: no branch
+    from channels_redis.core import RedisChannelLayer
+
+    # channels_redis blocks in BZPOPMIN for brpop_timeout (5 s) per receive, and redis-py 8
+    # gives every connection a default socket_timeout of 5 s: the read timer can fire before
+    # the server's empty reply arrives, and the receive raises TimeoutError, which kills the
+    # consumer (close 1011) of any socket idle for ~5 s. Block for less than the socket
+    # timeout. The proper fix is a socket_timeout in CHANNEL_LAYERS (see docs/events.md).
+    if RedisChannelLayer.brpop_timeout >= 5:
+        RedisChannelLayer.brpop_timeout = 2
+except ImportError:  # another channel layer backend
+    pass
 from jobs.models import GenerationJob, JobStatus
 from jobs.serializers import status_event
 
@@ -48,10 +61,50 @@ def owned_job(user, job_id) -> GenerationJob | None:
 @database_sync_to_async
 def current_events(job_id, status_only: bool = False) -> list[dict]:
     """The status from the database row, then the latest progress while it runs."""
-    job = GenerationJob.objects.prefetch_related("images").get(id=job_id)
+    job = GenerationJob.objects.prefetch_related("images").filter(id=job_id).first()
+    if job is None:  # deleted meanwhile: nothing to replay, the stream ends
+        return [{"type": "status", "job": str(job_id), "status": "deleted", "reason": "the job was deleted", "images": []}]
     events = [status_event(job)]
     if not status_only and job.status == JobStatus.RUNNING:
         last = last_state(job_id)
         if last and last.get("type") == "progress":
             events.append(last)
     return events
+
+
+TERMINAL = frozenset({"done", "blocked", "failed", "cancelled", "deleted"})
+
+
+class EventOrder:
+    """Keeps one watcher's stream in order across the replay / live seam.
+
+    A watcher joins the group first and then reads the current state, so a live event that was
+    already in flight can arrive after the replayed state: drop a repeated status, progress or
+    previews at or below the last step already sent, and everything after a terminal status.
+    A status change (a requeued job runs again from step 1) resets the step.
+    """
+
+    def __init__(self):
+        self.status = None
+        self.step = 0
+        self.finished = False
+
+    def admit(self, event: dict) -> bool:
+        if self.finished:
+            return False
+        kind = event.get("type")
+        if kind == "status":
+            if event.get("status") == self.status:
+                return False
+            self.status = event.get("status")
+            self.step = 0
+            self.finished = self.status in TERMINAL
+            return True
+        if kind == "progress":
+            if event.get("step", 0) <= self.step:
+                return False
+            self.step = event["step"]
+            return True
+        if kind == "preview":
+            return event.get("step", 0) >= self.step
+        return True

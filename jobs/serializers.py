@@ -87,6 +87,7 @@ def status_event(job: GenerationJob) -> dict:
 
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_version", read_only=True)
+    queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
     batch = serializers.SerializerMethodField()

@@ -1,7 +1,9 @@
 """Server-sent events: GET /api/v1/jobs/{id}/events, owner only.
 
 Subscribes to the job's channel-layer group first, then replays the current state, so nothing
-that happens in between is missed; ends after the terminal status.
+that happens in between is missed; ends after the terminal status. Framing: one `event: <type>`
+line and one `data: <json>` line per event, a blank line after each; a `: keepalive` comment
+every KEEPALIVE_SECONDS of silence. Works with any HTTP client (curl -N, httpx, EventSource).
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from channels.layers import get_channel_layer
 from django.http import JsonResponse, StreamingHttpResponse
 
 from jobs.events import group_name
-from jobs.models import TERMINAL_STATUSES
-from jobs.realtime import authenticate_header_or_session, current_events, owned_job
+from jobs.realtime import TERMINAL, EventOrder, authenticate_header_or_session, current_events, owned_job
 
 KEEPALIVE_SECONDS = 15.0
 
 
 def _frame(event: dict) -> str:
+    # json.dumps never emits a raw newline, so one data: line carries the whole event.
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
@@ -37,11 +39,13 @@ async def job_events(request, job_id):
     async def stream():
         layer = get_channel_layer()
         channel = await layer.new_channel()
+        order = EventOrder()
         await layer.group_add(group_name(job_id), channel)
         try:
             for event in await current_events(job_id):
-                yield _frame(event)
-                if event["type"] == "status" and event["status"] in TERMINAL_STATUSES:
+                if order.admit(event):
+                    yield _frame(event)
+                if order.finished:
                     return
             while True:
                 try:
@@ -50,13 +54,13 @@ async def job_events(request, job_id):
                     yield ": keepalive\n\n"
                     # The row is the truth: a final event lost in transit still ends the stream.
                     for event in await current_events(job_id, status_only=True):
-                        if event["status"] in TERMINAL_STATUSES:
+                        if event["status"] in TERMINAL and order.admit(event):
                             yield _frame(event)
                             return
                     continue
-                event = message["event"]
-                yield _frame(event)
-                if event["type"] == "status" and event["status"] in TERMINAL_STATUSES:
+                if order.admit(message["event"]):
+                    yield _frame(message["event"])
+                if order.finished:
                     return
         finally:
             await layer.group_discard(group_name(job_id), channel)

@@ -1,9 +1,11 @@
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+from django.views.decorators.csrf import ensure_csrf_cookie
 
 
 @login_required
+@ensure_csrf_cookie  # the page's script reads csrftoken for X-CSRFToken on POSTs
 def index(request):
     sizes = [f"{w}x{h}" for w, h in settings.IMAGEGEN_SIZE_MENU]
     return render(
@@ -12,6 +14,7 @@ def index(request):
         {
             "sizes": sizes,
             "max_steps": settings.IMAGEGEN_MAX_STEPS,
+            "min_steps": settings.IMAGEGEN_MIN_STEPS,
             "default_steps": settings.IMAGEGEN_DEFAULT_STEPS,
             "max_count": settings.IMAGEGEN_MAX_COUNT,
         },

@@ -1,0 +1,80 @@
+"""The real stack as separate processes, for benchmarks and the fault suite: a private Redis
+(or REDIS_URL), a database (SQLite file or DATABASE_URL), Celery workers, optionally the web
+server. Everything is configured through the environment, exactly as in production."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+class Stack:
+    def __init__(self, **env_overrides: str):
+        self.var = Path(tempfile.mkdtemp(prefix="imagegen-stack-"))
+        self.env = dict(os.environ)
+        self.env.update({"IMAGEGEN_VAR_DIR": str(self.var), "DJANGO_SETTINGS_MODULE": "imagegen.settings", "PYTHONUNBUFFERED": "1"})
+        self.env.update(env_overrides)
+        self.redis = None
+        if not self.env.get("REDIS_URL"):
+            from scripts.private_redis import start
+
+            self.redis, self.env["REDIS_URL"] = start(self.var / "redis")
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def apply_to_this_process(self) -> None:
+        """Make this process's Django use the stack (call before django.setup())."""
+        os.environ.update({k: v for k, v in self.env.items() if k.startswith(("IMAGEGEN_", "REDIS_URL", "DATABASE_URL", "DJANGO_"))})
+
+    def manage(self, *args: str) -> str:
+        return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, check=True, capture_output=True, text=True).stdout
+
+    def start_worker(self, name: str, queues: str, beat: bool = False, **env: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "celery", "-A", "imagegen", "worker", "-Q", queues, "--pool=solo",
+               "-n", f"{name}@%h", "--loglevel=WARNING", "--without-gossip", "--without-mingle"]
+        if beat:
+            cmd += ["-B", "--schedule", str(self.var / f"beat-{name}")]
+        log = open(self.var / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def start_web(self, port: int) -> subprocess.Popen:
+        log = open(self.var / "web.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "imagegen.asgi:application"],
+                                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs["web"] = proc
+        return proc
+
+    def wait_for_gpu_workers(self, model_name: str, n: int, timeout: float = 120.0) -> None:
+        from gpu_tasks.worker import live_workers
+
+        deadline = time.monotonic() + timeout
+        while len(live_workers(model_name)) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(live_workers(model_name))} of {n} GPU workers came up")
+            time.sleep(0.2)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=20)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+        if self.redis is not None:
+            self.redis.terminate()
