@@ -58,7 +58,8 @@ def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
     if not jobs:
         batch.delete()
         return None
-    batch.size = sum(job.count for job in jobs)
+    claimed = {str(job.id) for job in jobs}
+    batch.size = sum(e.count for e in entries if e.job_id in claimed)
     batch.save(update_fields=["size"])
     return str(batch.id), jobs
 
@@ -69,10 +70,12 @@ def run_batch(model_name: str) -> str | None:
         return None
     batch_id, jobs = claimed
     batch = Batch.objects.get(id=batch_id)
+    have = set(GeneratedImage.objects.filter(job__in=jobs).values_list("job_id", "index"))  # cache hits
     rows = [
         Row(str(job.id), index, job.prompt, job.negative_prompt, job.seed + index)
         for job in jobs
         for index in range(job.count)
+        if (job.id, index) not in have
     ]
     model = get_model()
     job_ids = [str(job.id) for job in jobs]
@@ -115,9 +118,9 @@ def run_batch(model_name: str) -> str | None:
         log.exception("batch %s failed", batch_id)
         for job in jobs:
             actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
-        _close_batch(batch, time.monotonic() - started)
+        _close_batch(batch, 0, time.monotonic() - started)
         return batch_id
-    _close_batch(batch, time.monotonic() - started)
+    _close_batch(batch, len(rows) if images is not None else 0, time.monotonic() - started)
     pump.flush()  # progress and previews go out before any final status
     if images is None:  # every job in the batch was cancelled: the loop stopped early
         return batch_id
@@ -132,8 +135,15 @@ def run_batch(model_name: str) -> str | None:
     return batch_id
 
 
-def _close_batch(batch: Batch, seconds: float) -> None:
+def _close_batch(batch: Batch, images: int, seconds: float) -> None:
+    from jobs.admission import record_batch_cost
+
     Batch.objects.filter(id=batch.id).update(gpu_seconds=seconds, finished_at=timezone.now())
+    record_batch_cost(
+        scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale, batch.scheduler),
+        images,
+        seconds,
+    )
 
 
 def _judge(images) -> tuple[list | None, str]:
@@ -190,9 +200,11 @@ def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None
             except _LostClaim:
                 # Cancelled meanwhile, or the lease expired and another attempt owns the job.
                 transaction.on_commit(lambda objs=stored, st=storage: [delete_quietly(o.key, st) for _, _, o in objs])
+    from jobs import cache
     from jobs.serializers import status_event
 
     for job in GenerationJob.objects.filter(id__in=finished).prefetch_related("images"):
+        cache.remember(job)
         pump.publish(job.id, status_event(job))
 
 

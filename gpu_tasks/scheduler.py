@@ -191,19 +191,17 @@ def take(model: str, only_shape: str = "", max_images: int = 0, now: float | Non
     return Taken(shape=shape, entries=entries)
 
 
-def depth(model: str) -> dict[str, dict]:
-    """Per shape: queued jobs, images and the oldest enqueue time."""
+def queued_entries(model: str) -> dict[str, list[tuple[str, int, float]]]:
+    """Per shape: (job id, images, enqueue time) in FIFO order."""
     r = get_redis()
-    out: dict[str, dict] = {}
-    for shape in sorted(r.smembers(_shapes_key(model))):
-        members = r.zrange(_bucket_key(shape), 0, -1, withscores=True)
-        if not members:
-            continue
-        out[shape] = {
-            "jobs": len(members),
-            "images": sum(int(m.rsplit(":", 1)[1]) for m, _ in members),
-            "oldest": members[0][1],
-        }
+    shapes = sorted(r.smembers(_shapes_key(model)))
+    pipe = r.pipeline()
+    for shape in shapes:
+        pipe.zrange(_bucket_key(shape), 0, -1, withscores=True)
+    out = {}
+    for shape, members in zip(shapes, pipe.execute()):
+        if members:
+            out[shape] = [(m.rsplit(":", 1)[0], int(m.rsplit(":", 1)[1]), score) for m, score in members]
     return out
 
 

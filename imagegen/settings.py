@@ -142,6 +142,19 @@ IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
 IMAGEGEN_PREVIEW_EVERY = env_int("IMAGEGEN_PREVIEW_EVERY", 4)  # steps between previews
 IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)  # seconds
 
+# --- request-hash cache and admission control ---
+IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
+IMAGEGEN_CACHE_SCOPE = env_str("IMAGEGEN_CACHE_SCOPE", "global")  # global | user
+IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
+IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
+IMAGEGEN_MAX_QUEUE_WAIT = env_float("IMAGEGEN_MAX_QUEUE_WAIT", 120.0)  # seconds; past it: 429 or degrade
+IMAGEGEN_DEGRADE_STEPS = env_int("IMAGEGEN_DEGRADE_STEPS", 8)
+IMAGEGEN_MAX_QUEUED_IMAGES = env_int("IMAGEGEN_MAX_QUEUED_IMAGES", 2000)
+IMAGEGEN_USER_MAX_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_IN_FLIGHT", 16)
+IMAGEGEN_USER_MAX_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_IMAGES_PER_DAY", 1000)
+# Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
+IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
+
 # --- safety ---
 # "shapes" (the shipped classifier), "hf:<path>" (transformers image classifier),
 # "sd-safety:<path>" (diffusers' StableDiffusionSafetyChecker), or "none" (explicit opt-out,
@@ -206,3 +219,33 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("IMAGEGEN_LOG_LEVEL", "INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
+
+# --- API schema and docs (drf-spectacular; Swagger UI served locally by the sidecar) ---
+INSTALLED_APPS += ["drf_spectacular", "drf_spectacular_sidecar"]
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "jobs.schema.ImagegenAutoSchema"
+SPECTACULAR_SETTINGS = {
+    "TITLE": "imagegen API",
+    "DESCRIPTION": (
+        "Text-to-image jobs: submit a prompt (202 and the job at once), follow it by polling, server-sent "
+        "events or a websocket, fetch the images by immutable URL. Auth: `Authorization: Token <token>` "
+        "(or a session cookie) on the native API, `Authorization: Bearer <token>` on the OpenAI-compatible "
+        "routes under /v1/. Errors: 400 `{field: [messages]}`; 401/403/404/409/429/503 `{\"detail\": ...}`; "
+        "429 and 503 carry Retry-After. The OpenAI-compatible routes answer errors as `{\"error\": {message, "
+        "type, param, code}}`. See docs/api.md."
+    ),
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PUBLIC": True,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],  # the schema and the docs need no auth, and a stale token does not 401 them
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "persistAuthorization": True},
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus"},
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.schema.document_plain_views"],
+}
+
+# --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
+IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)

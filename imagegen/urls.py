@@ -2,15 +2,23 @@ from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path
 
-from jobs import sse, views, web
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from jobs import openai_api, sse, views, web
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("api/v1/jobs", views.JobListCreate.as_view(), name="job-list"),
+    path("api/v1/queue", views.QueueView.as_view(), name="queue"),
     path("api/v1/jobs/<uuid:job_id>", views.JobDetail.as_view(), name="job-detail"),
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
     re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.png)$", views.serve_image, name="image"),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("v1/images/generations", openai_api.ImageGenerations.as_view(), name="openai-images-generations"),
+    path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
+    path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", web.index, name="index"),

@@ -41,28 +41,82 @@ def send_batch_token(model_name: str) -> None:
 
 
 def submit_job(owner, data: dict) -> GenerationJob:
-    """Create a queued job from validated data; the prompt check is sent after commit."""
+    """Admit a validated request: served from the request-hash cache when every image is
+    there (done at once, no queue, no GPU), else queued with only the missing images to make.
+    Raises admission.Refused (429) past the user's limits or the honest wait limit. The job's
+    estimate is left on job.estimate."""
+    from jobs import admission, cache
     from safety.tasks import check_prompt
 
     seed = data.get("seed")
     if seed is None:
-        seed = secrets.randbelow(2**32)
-    with transaction.atomic():
-        job = GenerationJob.objects.create(
-            owner=owner,
-            prompt=data["prompt"],
-            negative_prompt=data.get("negative_prompt", ""),
-            width=data["width"],
-            height=data["height"],
-            steps=data["steps"],
-            guidance_scale=data["guidance_scale"],
-            seed=seed,
-            count=data["count"],
-            model_version=settings.IMAGEGEN_MODEL_VERSION,
-            progress_total=data["steps"],
+        seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
+    admission.check_user_limits(owner, data["count"])
+    job = GenerationJob(
+        owner=owner,
+        prompt=data["prompt"],
+        negative_prompt=data.get("negative_prompt", ""),
+        width=data["width"],
+        height=data["height"],
+        steps=data["steps"],
+        guidance_scale=data["guidance_scale"],
+        seed=seed,
+        count=data["count"],
+        model_version=settings.IMAGEGEN_MODEL_VERSION,
+        progress_total=data["steps"],
+    )
+    cached = cache.lookup(job)
+    job.estimate = None
+    if len(cached) < job.count:
+        def shape_for(steps: int) -> str:
+            return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
+
+        steps, job.estimate = admission.admit_or_degrade(
+            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False)
         )
-        transaction.on_commit(lambda: check_prompt.delay(str(job.id)))
+        if steps != job.steps:
+            job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
+            cached = cache.lookup(job)
+    with transaction.atomic():
+        if len(cached) == job.count:
+            _finish_from_cache(job, cached)
+        else:
+            job.save()
+            _attach_cached(job, cached)
+            transaction.on_commit(lambda: check_prompt.delay(str(job.id)))
     return job
+
+
+def _attach_cached(job: GenerationJob, cached: dict) -> None:
+    from jobs.models import GeneratedImage
+
+    GeneratedImage.objects.bulk_create(
+        [
+            GeneratedImage(
+                job=job, index=index, seed=job.seed + index, storage_key=src.storage_key, width=src.width,
+                height=src.height, byte_size=src.byte_size, sha256=src.sha256, content_type=src.content_type,
+                tier="public",
+            )
+            for index, src in cached.items()
+        ]
+    )
+
+
+def _finish_from_cache(job: GenerationJob, cached: dict) -> None:
+    """Every image is cached: the same request under the same policy and model version was
+    already gated and delivered, so the job is done with the stored images."""
+    from safety.models import SafetyVerdict
+
+    now = timezone.now()
+    job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
+    job.scheduled_at = now
+    job.save()
+    _attach_cached(job, cached)
+    source = next(iter(cached.values()))
+    SafetyVerdict.objects.create(
+        job=job, stage="prompt", decision="allow", reason=f"identical to job {source.job_id} (request-hash cache)",
+        policy_version=source.job.verdicts.filter(stage="prompt").values_list("policy_version", flat=True).first() or "",
+    )
 
 
 def _publish_status(job: GenerationJob) -> None:
@@ -96,7 +150,7 @@ def cancel_job(job: GenerationJob) -> bool:
     if changed:
         scheduler.set_cancel_flag(str(job.id))
         if job.scheduled_at is not None:
-            scheduler.remove(shape_of(job), str(job.id), job.count)
+            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
     job.refresh_from_db()
     return changed
 
@@ -133,8 +187,12 @@ def admit(job_id) -> bool:
     return True
 
 
+def images_to_make(job: GenerationJob) -> int:
+    return job.count - job.images.count()
+
+
 def _enqueue(job: GenerationJob, enqueued_at: float) -> None:
-    scheduler.enqueue(settings.IMAGEGEN_MODEL_NAME, shape_of(job), str(job.id), job.count, enqueued_at)
+    scheduler.enqueue(settings.IMAGEGEN_MODEL_NAME, shape_of(job), str(job.id), images_to_make(job), enqueued_at)
     send_batch_token(settings.IMAGEGEN_MODEL_NAME)
 
 
@@ -208,7 +266,7 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> dict:
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = rechecked = 0
     for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
-        if not scheduler.is_enqueued(shape_of(job), str(job.id), job.count):
+        if not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job)):
             _enqueue(job, job.scheduled_at.timestamp())
             restored += 1
     stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))

@@ -67,6 +67,9 @@ class GenerationJob(models.Model):
     progress_step = models.PositiveIntegerField(default=0)
     progress_total = models.PositiveIntegerField(default=0)
     attempts = models.PositiveSmallIntegerField(default=0)
+    # Admission under load: steps lowered to the degrade preset, the asked-for steps kept.
+    degraded = models.BooleanField(default=False)
+    requested_steps = models.PositiveIntegerField(null=True, blank=True)
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
@@ -104,7 +107,9 @@ class GeneratedImage(models.Model):
     job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="images")
     index = models.PositiveSmallIntegerField()
     seed = models.BigIntegerField()
-    storage_key = models.CharField(max_length=300, unique=True)
+    # Not unique: a request-hash cache hit shares the stored object of an identical earlier
+    # request; bytes are deleted only when no row points at them any more.
+    storage_key = models.CharField(max_length=300, db_index=True)
     width = models.PositiveIntegerField()
     height = models.PositiveIntegerField()
     byte_size = models.PositiveIntegerField()

@@ -31,6 +31,7 @@ class JobCreateSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**32 - 1)
     count = serializers.IntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
     guidance_scale = serializers.FloatField(required=False, min_value=0.0, max_value=30.0)
+    allow_degrade = serializers.BooleanField(required=False, default=False)
 
     def validate_prompt(self, value: str) -> str:
         return _no_lone_surrogates(value)
@@ -99,9 +100,35 @@ class JobSerializer(serializers.ModelSerializer):
         fields = [
             "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
-            "blocked_stage", "attempts", "queue_wait_seconds", "batch", "images", "events_url", "websocket_url",
+            "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
+            "eta_seconds", "queue_position", "images", "events_url", "websocket_url",
         ]
         read_only_fields = fields
+
+    eta_seconds = serializers.SerializerMethodField()
+    queue_position = serializers.SerializerMethodField()
+
+    def _estimate(self, job):
+        """The estimate made at submit, or a fresh one for a job still queued."""
+        if not hasattr(job, "_current_estimate"):
+            est = getattr(job, "estimate", None)
+            if est is None and job.status == "queued" and job.scheduled_at is not None and self.context.get("estimate"):
+                from jobs.actions import images_to_make, shape_of
+                from jobs.admission import estimate
+
+                est = estimate(shape_of(job), images_to_make(job), enqueued_at=job.scheduled_at.timestamp())
+            job._current_estimate = est
+        return job._current_estimate
+
+    def get_eta_seconds(self, job) -> float | None:
+        if job.status in ("done", "failed", "blocked", "cancelled"):
+            return 0.0 if job.status == "done" else None
+        est = self._estimate(job)
+        return round(est.eta_seconds, 2) if est is not None and est.eta_seconds is not None else None
+
+    def get_queue_position(self, job) -> int | None:
+        est = self._estimate(job)
+        return est.position if est is not None and job.status == "queued" else None
 
     def get_progress(self, job) -> dict:
         return {"step": job.progress_step, "total": job.progress_total}

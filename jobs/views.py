@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.http import FileResponse, Http404, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
@@ -10,7 +11,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import actions
+from jobs.admission import Refused
 from jobs.models import GeneratedImage, GenerationJob
+from jobs.schema import ConflictSerializer, QueueSerializer, RefusedSerializer
 from jobs.serializers import JobCreateSerializer, JobSerializer
 from jobs.storage import public_storage
 
@@ -27,6 +30,24 @@ class NewestFirst(CursorPagination):
     max_page_size = 100
 
 
+@extend_schema_view(
+    get=extend_schema(
+        operation_id="jobs_list",
+        summary="List your jobs",
+        description="The caller's jobs, newest first, cursor-paginated (`next`/`previous` URLs).",
+    ),
+    post=extend_schema(
+        operation_id="jobs_create",
+        summary="Submit a job",
+        description=(
+            "Answers 202 with the job at once; the prompt is checked, then the job waits for a GPU batch. "
+            "Sizes come from the size menu; `seed` null or absent picks one. 429 with Retry-After when an "
+            "admission limit refuses it."
+        ),
+        request=JobCreateSerializer,
+        responses={202: JobSerializer, 429: RefusedSerializer},
+    ),
+)
 class JobListCreate(ListAPIView):
     serializer_class = JobSerializer
     pagination_class = NewestFirst
@@ -41,15 +62,71 @@ class JobListCreate(ListAPIView):
     def post(self, request):
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        job = actions.submit_job(request.user, serializer.validated_data)
+        try:
+            job = actions.submit_job(request.user, serializer.validated_data)
+        except Refused as refused:
+            return Response(
+                {"detail": refused.message, "limit": refused.limit, "eta_seconds": refused.eta_seconds,
+                 "retry_after": refused.retry_after},
+                status=status.HTTP_429_TOO_MANY_REQUESTS,
+                headers={"Retry-After": str(refused.retry_after)},
+            )
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
+@extend_schema_view(get=extend_schema(operation_id="jobs_retrieve", summary="Get a job", responses={200: JobSerializer}))
 class JobDetail(APIView):
     def get(self, request, job_id):
-        return Response(JobSerializer(own_job(request, job_id)).data)
+        return Response(JobSerializer(own_job(request, job_id), context={"estimate": True}).data)
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="queue_retrieve", summary="Queue depth and estimated wait", responses={200: QueueSerializer})
+)
+class QueueView(APIView):
+    """Per model and shape: images queued, the estimated wait for a new job, live workers."""
+
+    def get(self, request):
+        from django.conf import settings
+
+        from gpu_tasks import scheduler
+        from jobs.admission import estimate
+
+        model = settings.IMAGEGEN_MODEL_NAME
+        shapes = []
+        for shape, entries in scheduler.queued_entries(model).items():
+            info = scheduler.parse_shape(shape)
+            est = estimate(shape, 1, model_name=model)
+            shapes.append({
+                **info,
+                "jobs": len(entries),
+                "images": sum(count for _, count, _ in entries),
+                "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
+            })
+        est = estimate(scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, *settings.IMAGEGEN_SIZE_MENU[0],
+                                           settings.IMAGEGEN_DEFAULT_STEPS, settings.IMAGEGEN_DEFAULT_GUIDANCE, ""), 1)
+        return Response({
+            "models": [{
+                "model": model,
+                "version": settings.IMAGEGEN_MODEL_VERSION,
+                "active_workers": est.active_gpus,
+                "queued_images": est.queued_images,
+                "queued_gpu_seconds": round(est.work_ahead_seconds, 3),
+                "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
+                "shapes": shapes,
+            }]
+        })
+
+
+@extend_schema_view(
+    post=extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job",
+        description="A running batch sees the cancel within one step. 409 if the job has already finished.",
+        request=None,
+        responses={202: JobSerializer, 409: OpenApiResponse(ConflictSerializer, description="Already finished.")},
+    )
+)
 class JobCancel(APIView):
     def post(self, request, job_id):
         job = own_job(request, job_id)

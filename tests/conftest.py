@@ -172,3 +172,13 @@ def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", 
             raise AssertionError(f"job {job_id} ended {job.status} ({job.reason}), expected {statuses}")
         time.sleep(0.1)
     raise AssertionError(f"job {job_id} still {job.status} after {timeout}s")
+
+
+def forget_cache() -> None:
+    """Drop every request-hash cache entry, so an identical request is generated again."""
+    from gpu_tasks.redis_conn import PREFIX, get_redis
+
+    r = get_redis()
+    keys = list(r.scan_iter(f"{PREFIX}rc:*"))
+    if keys:
+        r.delete(*keys)

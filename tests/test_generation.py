@@ -10,7 +10,7 @@ from django.test import Client
 from PIL import Image
 
 from jobs.models import GeneratedImage, GenerationJob
-from tests.conftest import wait_for_status
+from tests.conftest import forget_cache, wait_for_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,10 +62,13 @@ def test_a_submitted_job_is_done_and_its_url_serves_a_png_of_the_requested_size(
 
 def test_the_same_seed_gives_identical_pixels_and_a_different_seed_differs(workers, alice_api):
     first = submit(alice_api, seed=1234)
-    second = submit(alice_api, seed=1234)
     other = submit(alice_api, seed=1235)
-    for job in (first, second, other):
+    wait_for_status(first["id"], ("done",))
+    forget_cache()  # generate the identical request again instead of reusing the stored image
+    second = submit(alice_api, seed=1234)
+    for job in (second, other):
         wait_for_status(job["id"], ("done",))
+    assert GenerationJob.objects.get(id=second["id"]).batch_id is not None
     a, b, c = pixels(first["id"])[0], pixels(second["id"])[0], pixels(other["id"])[0]
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
@@ -76,6 +79,7 @@ def test_count_three_gives_three_images_with_consecutive_seeds(workers, alice_ap
     wait_for_status(job["id"], ("done",))
     body = alice_api.get(f"/api/v1/jobs/{job['id']}").json()
     assert [(im["index"], im["seed"]) for im in body["images"]] == [(0, 50), (1, 51), (2, 52)]
+    forget_cache()
     alone = submit(alice_api, seed=51)
     wait_for_status(alone["id"], ("done",))
     # The second image of the count-3 job is the same request as a lone job with seed 51.

@@ -1,0 +1,131 @@
+"""Request-hash cache, honest estimates, admission control, degradation and per-user limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_tasks import scheduler
+from gpu_tasks.redis_conn import get_redis
+from jobs.admission import COST_KEY
+from jobs.models import Batch, GenerationJob
+from safety.models import SafetyVerdict
+from tests.conftest import wait_for_status
+from tests.test_batching import occupy_gpu
+from tests.test_generation import submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def clean_costs():
+    yield
+    get_redis().delete(COST_KEY)
+
+
+def test_a_repeated_request_is_done_in_the_submit_response_with_the_same_image_and_no_batch(workers, alice_api, bob_api):
+    first = submit(alice_api, seed=4242, prompt="a purple square on a white background")
+    done = wait_for_status(first["id"], ("done",))
+    batches_before = Batch.objects.count()
+    again = submit(bob_api, seed=4242, prompt="a purple square on a white background")
+    assert again["status"] == "done" and again["eta_seconds"] == 0.0
+    assert Batch.objects.count() == batches_before
+    repeat = GenerationJob.objects.get(id=again["id"])
+    assert repeat.images.get().sha256 == done.images.get().sha256
+    assert again["images"][0]["url"] == alice_api.get(f"/api/v1/jobs/{first['id']}").json()["images"][0]["url"]
+    assert SafetyVerdict.objects.filter(job=repeat, stage="prompt", decision="allow").exists()
+
+
+def test_a_partial_hit_generates_only_the_missing_seeds(workers, alice_api):
+    middle = wait_for_status(submit(alice_api, seed=7001, prompt="an orange triangle")["id"], ("done",))
+    job = submit(alice_api, seed=7000, count=3, prompt="an orange triangle")
+    done = wait_for_status(job["id"], ("done",))
+    assert done.batch.size == 2, "only seeds 7000 and 7002 were generated"
+    images = {im.index: im for im in done.images.all()}
+    assert sorted(images) == [0, 1, 2]
+    assert images[1].storage_key == middle.images.get().storage_key
+    assert [im["seed"] for im in alice_api.get(f"/api/v1/jobs/{job['id']}").json()["images"]] == [7000, 7001, 7002]
+
+
+def test_a_cache_entry_whose_bytes_were_purged_or_whose_image_was_blocked_is_not_served(workers, alice_api):
+    from jobs.storage import public_storage
+
+    first = wait_for_status(submit(alice_api, seed=31, prompt="a white circle")["id"], ("done",))
+    public_storage().delete(first.images.get().storage_key)
+    again = submit(alice_api, seed=31, prompt="a white circle")
+    assert again["status"] == "queued"
+    regenerated = wait_for_status(again["id"], ("done",))
+    assert regenerated.images.get().sha256 == first.images.get().sha256  # a pure function of its inputs
+    image = regenerated.images.get()
+    SafetyVerdict.objects.create(job=regenerated, image=image, stage="human", decision="block", reason="moderator")
+    image.verdicts.filter(stage="image").update(decision="block")
+    third = submit(alice_api, seed=31, prompt="a white circle")
+    assert third["status"] == "queued"
+    wait_for_status(third["id"], ("done",))
+
+
+def test_past_the_wait_limit_submit_answers_429_with_retry_after_and_the_estimate(workers, alice_api, settings):
+    settings.IMAGEGEN_MAX_QUEUE_WAIT = 0.01  # any real estimate is larger: fill wait alone is 0.3 s
+    response = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "steps": 4}, format="json")
+    assert response.status_code == 429
+    assert int(response["Retry-After"]) >= 1
+    body = response.json()
+    assert body["limit"] == "max_queue_wait" and body["eta_seconds"] > 0.01
+    assert "allow_degrade" in body["detail"]
+    assert GenerationJob.objects.count() == 0
+
+
+def test_with_allow_degrade_the_job_is_accepted_with_fewer_steps(workers, alice_api, settings, clean_costs):
+    settings.IMAGEGEN_MAX_QUEUE_WAIT = 10
+    settings.IMAGEGEN_DEGRADE_STEPS = 3
+    r = get_redis()
+    r.hset(COST_KEY, scheduler.shape_key("tiny-random", 64, 64, 50, 5.0, ""), 100.0)  # measured: slow
+    r.hset(COST_KEY, scheduler.shape_key("tiny-random", 64, 64, 3, 5.0, ""), 0.05)
+    refused = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "steps": 50}, format="json")
+    assert refused.status_code == 429
+    response = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "steps": 50, "allow_degrade": True}, format="json")
+    assert response.status_code == 202
+    job = response.json()
+    assert (job["degraded"], job["requested_steps"], job["steps"]) == (True, 50, 3)
+    assert job["eta_seconds"] <= 15
+    done = wait_for_status(job["id"], ("done",))
+    assert done.batch.steps == 3
+
+
+def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
+    monkeypatch.setattr("safety.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
+    settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 2
+    for i in range(2):
+        assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": i}, format="json").status_code == 202
+    response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": 9}, format="json")
+    assert response.status_code == 429 and response.json()["limit"] == "jobs_in_flight"
+    assert "jobs in flight" in response.json()["detail"]
+
+
+def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
+    monkeypatch.setattr("safety.tasks.check_prompt.delay", lambda job_id: None)
+    settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY = 5
+    assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 4}, format="json").status_code == 202
+    response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 2}, format="json")
+    assert response.status_code == 429 and response.json()["limit"] == "images_per_day"
+    assert "images per day" in response.json()["detail"]
+
+
+def test_the_queue_endpoint_and_a_queued_job_reflect_submitted_work(workers, alice_api):
+    blocker = occupy_gpu(alice_api, steps=30)
+    ids = [submit(alice_api, seed=600 + i, steps=5, width=64, height=96)["id"] for i in range(3)]
+    wait = 0
+    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None).exists() and wait < 100:
+        import time
+
+        time.sleep(0.05)
+        wait += 1
+    queue = alice_api.get("/api/v1/queue").json()["models"][0]
+    assert queue["active_workers"] >= 1
+    shape = next(s for s in queue["shapes"] if (s["width"], s["height"], s["steps"]) == (64, 96, 5))
+    assert shape["images"] == 3 and shape["estimated_wait_seconds"] > 0
+    last = alice_api.get(f"/api/v1/jobs/{ids[-1]}").json()
+    first = alice_api.get(f"/api/v1/jobs/{ids[0]}").json()
+    assert last["status"] == "queued" and last["queue_position"] > first["queue_position"]
+    assert last["eta_seconds"] >= first["eta_seconds"] > 0
+    for job_id in ids + [blocker["id"]]:
+        wait_for_status(job_id, ("done",))
