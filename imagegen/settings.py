@@ -108,6 +108,7 @@ STORAGES = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"
+IMAGEGEN_CDN_PURGE_HOOK = env_str("IMAGEGEN_CDN_PURGE_HOOK", "jobs.cdn:log_purge")
 
 # --- the served model ---
 _shipped_model = BASE_DIR / "models" / "shapes-v1"

@@ -12,6 +12,7 @@ urlpatterns = [
     path("api/v1/queue", views.QueueView.as_view(), name="queue"),
     path("api/v1/jobs/<uuid:job_id>", views.JobDetail.as_view(), name="job-detail"),
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),
+    path("api/v1/jobs/<uuid:job_id>/appeal", views.JobAppeal.as_view(), name="job-appeal"),
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
     re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.png)$", views.serve_image, name="image"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

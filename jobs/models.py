@@ -70,6 +70,10 @@ class GenerationJob(models.Model):
     # Admission under load: steps lowered to the degrade preset, the asked-for steps kept.
     degraded = models.BooleanField(default=False)
     requested_steps = models.PositiveIntegerField(null=True, blank=True)
+    # Appeals of a blocked job: one per job, decided by a moderator.
+    appeal_note = models.TextField(blank=True, default="")
+    appealed_at = models.DateTimeField(null=True, blank=True)
+    appeal_outcome = models.CharField(max_length=16, blank=True, default="")  # "", upheld, overturned
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
@@ -117,6 +121,12 @@ class GeneratedImage(models.Model):
     content_type = models.CharField(max_length=60, default="image/png")
     # public: delivered, served by URL; quarantine: held or blocked, private storage, staff only.
     tier = models.CharField(max_length=16, default="public", db_index=True)
+    # Retention: view count (flushed from Redis), cold tier, bytes dropped (regenerable from
+    # the inputs while the model version is served), lost (regeneration did not match sha256).
+    views = models.PositiveIntegerField(default=0)
+    cold = models.BooleanField(default=False)
+    bytes_dropped = models.BooleanField(default=False)
+    lost = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -101,7 +101,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
-            "eta_seconds", "queue_position", "images", "events_url", "websocket_url",
+            "eta_seconds", "queue_position", "appeal", "images", "events_url", "websocket_url",
         ]
         read_only_fields = fields
 
@@ -129,6 +129,13 @@ class JobSerializer(serializers.ModelSerializer):
     def get_queue_position(self, job) -> int | None:
         est = self._estimate(job)
         return est.position if est is not None and job.status == "queued" else None
+
+    appeal = serializers.SerializerMethodField()
+
+    def get_appeal(self, job) -> dict | None:
+        if job.appealed_at is None:
+            return None
+        return {"status": job.appeal_outcome or "pending", "note": job.appeal_note, "appealed_at": job.appealed_at}
 
     def get_progress(self, job) -> dict:
         return {"step": job.progress_step, "total": job.progress_total}

@@ -83,6 +83,25 @@ class JobDetail(APIView):
 @extend_schema_view(
     get=extend_schema(operation_id="queue_retrieve", summary="Queue depth and estimated wait", responses={200: QueueSerializer})
 )
+class JobAppeal(APIView):
+    """The owner of a blocked job asks once for a moderator's decision."""
+
+    def post(self, request, job_id):
+        from safety.review import ReviewError, appeal
+
+        job = own_job(request, job_id)
+        note = request.data.get("note", "") if isinstance(request.data, dict) else ""
+        if not isinstance(note, str) or len(note) > 1000:
+            return Response({"note": ["must be text of at most 1000 characters"]}, status=status.HTTP_400_BAD_REQUEST)
+        try:
+            appeal(job, note.strip())
+        except ReviewError as exc:
+            code = status.HTTP_409_CONFLICT if job.status == "blocked" else status.HTTP_400_BAD_REQUEST
+            return Response({"detail": str(exc), "status": job.status}, status=code)
+        job.refresh_from_db()
+        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
 class QueueView(APIView):
     """Per model and shape: images queued, the estimated wait for a new job, live workers."""
 

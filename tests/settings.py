@@ -30,7 +30,10 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
         atexit.register(_redis_proc.terminate)
     os.environ.setdefault("IMAGEGEN_MODEL_PATH", str(var / "models" / "tiny-random"))
     os.environ.setdefault("IMAGEGEN_MODEL_VERSION", "tiny-random")
-    os.environ.setdefault("IMAGEGEN_IMAGE_CLASSIFIER", "none")
+    # A real gate over a scripted classifier: tests switch it to raise, hang, block, ... at will.
+    os.environ.setdefault("IMAGEGEN_IMAGE_CLASSIFIER", "python:tests.fake_classifiers:Scripted")
+    os.environ.setdefault("IMAGEGEN_CLASSIFIER_TIMEOUT", "2")
+    os.environ.setdefault("IMAGEGEN_CDN_PURGE_HOOK", "tests.fake_classifiers:record_purge")
     os.environ.setdefault("IMAGEGEN_DEFAULT_STEPS", "4")
     os.environ.setdefault("IMAGEGEN_FILL_WAIT", "0.3")
     os.environ.setdefault("IMAGEGEN_BATCH_CAP", "4")

@@ -1,0 +1,53 @@
+from django.contrib import admin, messages
+from django.utils.html import format_html
+
+from jobs.models import Batch, GeneratedImage, GenerationJob
+
+
+@admin.register(GenerationJob)
+class GenerationJobAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "owner", "status", "blocked_stage", "width", "height", "steps", "count", "attempts", "batch")
+    list_filter = ("status", "blocked_stage", "degraded", "model_version")
+    search_fields = ("id", "prompt", "owner__username")
+    readonly_fields = [f.name for f in GenerationJob._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(GeneratedImage)
+class GeneratedImageAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "job", "index", "tier", "byte_size", "views", "preview")
+    list_filter = ("tier", "cold", "bytes_dropped")
+    readonly_fields = [f.name for f in GeneratedImage._meta.fields]
+    actions = ["reject_delivered"]
+
+    @admin.display(description="image")
+    def preview(self, image):
+        return format_html('<img src="/staff/images/{}" width="64" alt="">', image.id)
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.action(description="Reject delivered image(s): take down and purge from the CDN", permissions=["review"])
+    def reject_delivered(self, request, queryset):
+        from safety.review import reject_delivered
+
+        count = sum(reject_delivered(image, request.user, request.POST.get("notes", "")) for image in queryset)
+        self.message_user(request, f"took down {count} public object(s)", messages.SUCCESS)
+
+    def has_review_permission(self, request):
+        return request.user.has_perm("safety.review_content")
+
+    def has_view_permission(self, request, obj=None):
+        # Moderators reach delivered images to take them down.
+        return self.has_review_permission(request) or super().has_view_permission(request, obj)
+
+    def has_module_permission(self, request):
+        return self.has_review_permission(request) or super().has_module_permission(request)
+
+
+@admin.register(Batch)
+class BatchAdmin(admin.ModelAdmin):
+    list_display = ("started_at", "width", "height", "steps", "size", "cap", "gpu_seconds", "worker")
+    readonly_fields = [f.name for f in Batch._meta.fields]

@@ -1,0 +1,149 @@
+"""Human review: moderators approve or reject held prompts and images, and decide appeals.
+
+Every decision is a SafetyVerdict at stage "human" with the reviewer and notes, and a
+compare-and-set on the job's status, so two moderators acting at once cannot both win.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from gpu_tasks.event_pump import pump
+from jobs import actions
+from jobs.models import GeneratedImage, GenerationJob, JobStatus
+from jobs.purge import take_down
+from jobs.storage import public_storage, quarantine_storage
+from safety.models import SafetyVerdict
+from safety.policy_version import policy_version
+
+log = logging.getLogger(__name__)
+
+
+class ReviewError(Exception):
+    pass
+
+
+def review_queue():
+    """Held jobs, and blocked jobs with an undecided appeal, oldest first."""
+    from django.db.models import Q
+
+    return GenerationJob.objects.filter(
+        Q(status=JobStatus.REVIEW) | Q(status=JobStatus.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
+    ).order_by("created_at")
+
+
+def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) -> None:
+    SafetyVerdict.objects.create(
+        job=job,
+        image=image,
+        image_index=image.index if image is not None else None,
+        stage="human",
+        decision=decision,
+        reviewer=reviewer,
+        notes=notes,
+        reason=reason,
+        policy_version=policy_version(),
+    )
+
+
+def _publish(job_id) -> None:
+    from jobs.serializers import status_event
+
+    job = GenerationJob.objects.prefetch_related("images").get(id=job_id)
+    pump.publish(job.id, status_event(job))
+
+
+def _publish_images(job: GenerationJob) -> None:
+    """Copy the job's quarantined images to public storage (same immutable key)."""
+    from django.core.files.base import ContentFile
+
+    for image in job.images.filter(tier="quarantine"):
+        with quarantine_storage().open(image.storage_key, "rb") as f:
+            data = f.read()
+        if not public_storage().exists(image.storage_key):
+            public_storage().save(image.storage_key, ContentFile(data))
+        GeneratedImage.objects.filter(id=image.id).update(tier="public")
+
+
+def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
+    """Held prompt -> generation continues; held images -> delivered; appeal -> overturned."""
+    appeal = job.status == JobStatus.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
+    stage = job.blocked_stage
+    with transaction.atomic():
+        if job.status == JobStatus.REVIEW or appeal:
+            source = JobStatus.BLOCKED if appeal else JobStatus.REVIEW
+            if stage == "image":
+                updated = GenerationJob.objects.filter(id=job.id, status=source).update(
+                    status=JobStatus.DONE, finished_at=timezone.now(), reason="", blocked_stage="",
+                    appeal_outcome="overturned" if appeal else job.appeal_outcome,
+                )
+                if not updated:
+                    raise ReviewError("the case was decided meanwhile")
+                _publish_images(job)
+                for image in job.images.all():
+                    _verdict(job, "allow", reviewer, notes, "approved by a moderator", image=image)
+            else:
+                updated = GenerationJob.objects.filter(id=job.id, status=source).update(
+                    status=JobStatus.QUEUED, reason="", blocked_stage="", finished_at=None,
+                    appeal_outcome="overturned" if appeal else job.appeal_outcome,
+                )
+                if not updated:
+                    raise ReviewError("the case was decided meanwhile")
+                _verdict(job, "allow", reviewer, notes, "prompt approved by a moderator")
+                transaction.on_commit(lambda: actions.admit(job.id))
+        else:
+            raise ReviewError(f"a {job.status} job is not waiting for review")
+    _publish(job.id)
+    return "overturned" if appeal else "approved"
+
+
+def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
+    """Held -> blocked (bytes stay private); appeal -> upheld, the job stays blocked."""
+    appeal = job.status == JobStatus.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
+    reason = notes or "rejected by a moderator"
+    with transaction.atomic():
+        if appeal:
+            updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.BLOCKED, appeal_outcome="").update(
+                appeal_outcome="upheld", reason=f"{job.reason} (appeal upheld: {reason})"
+            )
+        elif job.status == JobStatus.REVIEW:
+            updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.REVIEW).update(
+                status=JobStatus.BLOCKED, reason=reason, finished_at=timezone.now(),
+                blocked_stage=job.blocked_stage or "human",
+            )
+        else:
+            raise ReviewError(f"a {job.status} job is not waiting for review")
+        if not updated:
+            raise ReviewError("the case was decided meanwhile")
+        _verdict(job, "block", reviewer, notes, reason)
+    _publish(job.id)
+    return "upheld" if appeal else "rejected"
+
+
+def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
+    """An image already delivered is taken down everywhere it is shared, and its job blocked."""
+    with transaction.atomic():
+        sharing = list(GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public"))
+        count = take_down(sharing)
+        for other in sharing:
+            _verdict(other.job, "block", reviewer, notes, "image rejected by a moderator after delivery", image=other)
+            GenerationJob.objects.filter(id=other.job_id).update(
+                status=JobStatus.BLOCKED, blocked_stage="human", reason=notes or "an image was rejected by a moderator"
+            )
+    for other in sharing:
+        _publish(other.job_id)
+    return count
+
+
+def appeal(job: GenerationJob, note: str) -> None:
+    """The owner of a blocked job asks once for a human decision."""
+    if job.status != JobStatus.BLOCKED:
+        raise ReviewError(f"only a blocked job can be appealed (this one is {job.status})")
+    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.BLOCKED, appealed_at__isnull=True).update(
+        appealed_at=timezone.now(), appeal_note=note
+    )
+    if not updated:
+        raise ReviewError("this job was already appealed")

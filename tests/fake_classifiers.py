@@ -1,0 +1,61 @@
+"""Test doubles for what cannot be made to fail on demand: an image classifier whose behaviour
+the test scripts through Redis (the gate under test is real), and a CDN purge recorder."""
+
+from __future__ import annotations
+
+import json
+import time
+
+MODE_KEY = "test:classifier-mode"
+PURGED_KEY = "test:cdn-purged"
+
+
+def _redis():
+    from gpu_tasks.redis_conn import get_redis
+
+    return get_redis()
+
+
+def set_mode(mode: str | None) -> None:
+    if mode is None:
+        _redis().delete(MODE_KEY)
+    else:
+        _redis().set(MODE_KEY, mode)
+
+
+class Scripted:
+    """Modes: unset -> no label scores (allow); raise; hang (until the mode changes);
+    none (returns None); short (too few results); json:{label: score} for every image."""
+
+    version = "scripted-test-classifier"
+
+    @classmethod
+    def from_spec(cls, arg: str) -> "Scripted":
+        return cls()
+
+    def scores(self, images):
+        mode = _redis().get(MODE_KEY)
+        if mode is None:
+            return [{} for _ in images]
+        if mode == "raise":
+            raise RuntimeError("the classifier model crashed")
+        if mode == "hang":
+            while _redis().get(MODE_KEY) == "hang":
+                time.sleep(0.1)
+            return [{} for _ in images]
+        if mode == "none":
+            return None
+        if mode == "short":
+            return [{}][: max(0, len(images) - 1)]
+        if mode.startswith("json:"):
+            scores = json.loads(mode[5:])
+            return [dict(scores) for _ in images]
+        raise AssertionError(f"unknown mode {mode}")
+
+
+def record_purge(urls: list[str]) -> None:
+    _redis().rpush(PURGED_KEY, *urls)
+
+
+def purged() -> list[str]:
+    return _redis().lrange(PURGED_KEY, 0, -1)
