@@ -13,6 +13,8 @@ from django.utils import timezone
 
 from gpu_tasks import scheduler
 from gpu_tasks.event_pump import pump
+from gpu_tasks.worker import record_busy
+from imagegen import metrics
 from gpu_tasks.pipeline import Row, encode_png, get_model
 from jobs import actions
 from jobs.models import Batch, GeneratedImage, GenerationJob, JobStatus
@@ -58,6 +60,10 @@ def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
     if not jobs:
         batch.delete()
         return None
+    for job in jobs:
+        if job.queue_wait_seconds is not None:
+            metrics.observe("imagegen_queue_wait_seconds", job.queue_wait_seconds)
+    metrics.inc("imagegen_attempts_total", len(jobs))
     claimed = {str(job.id) for job in jobs}
     batch.size = sum(e.count for e in entries if e.job_id in claimed)
     batch.save(update_fields=["size"])
@@ -82,6 +88,8 @@ def run_batch(model_name: str) -> str | None:
     cancelled: set[str] = set()
     last_renew = time.monotonic()
     last_preview = 0.0
+    previewed: set[str] = set()
+    created = {str(job.id): job.created_at.timestamp() for job in jobs}
 
     def on_step(step: int, total: int, latents) -> bool:
         nonlocal last_renew, last_preview
@@ -108,9 +116,13 @@ def run_batch(model_name: str) -> str | None:
             for job_id in live:
                 image = model.preview(latents, first_row[job_id], batch.width, batch.height)
                 pump.publish(job_id, {"type": "preview", "step": step, "image": image})
+                if job_id not in previewed:
+                    previewed.add(job_id)
+                    metrics.observe("imagegen_time_to_first_preview_seconds", time.time() - created[job_id])
         return False
 
     started = time.monotonic()
+    wall_started = time.time()
     try:
         images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
     except Exception as exc:
@@ -120,7 +132,15 @@ def run_batch(model_name: str) -> str | None:
             actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
         _close_batch(batch, 0, time.monotonic() - started)
         return batch_id
-    _close_batch(batch, len(rows) if images is not None else 0, time.monotonic() - started)
+    seconds = time.monotonic() - started
+    _close_batch(batch, len(rows) if images is not None else 0, seconds)
+    record_busy(wall_started, wall_started + seconds)
+    metrics.inc("imagegen_batches_total", model=batch.model_version)
+    metrics.inc("imagegen_gpu_seconds_total", seconds, worker=WORKER_ID)
+    metrics.observe("imagegen_batch_size", len(rows))
+    metrics.observe("imagegen_batch_fill", len(rows) / batch.cap if batch.cap else 0)
+    if images is not None:
+        metrics.inc("imagegen_images_generated_total", len(images), model=batch.model_version)
     pump.flush()  # progress and previews go out before any final status
     if images is None:  # every job in the batch was cancelled: the loop stopped early
         return batch_id
@@ -205,6 +225,8 @@ def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None
 
     for job in GenerationJob.objects.filter(id__in=finished).prefetch_related("images"):
         cache.remember(job)
+        if job.status == JobStatus.DONE:
+            metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
         pump.publish(job.id, status_event(job))
 
 

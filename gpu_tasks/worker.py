@@ -13,7 +13,37 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY = 2.0
 HEARTBEAT_TTL = 10.0
+BUSY_WINDOW = 60.0
 _stop = threading.Event()
+_busy_lock = threading.Lock()
+_busy_spans: list[tuple[float, float]] = []  # (start, end) of recent pipeline passes
+
+
+def record_busy(start: float, end: float) -> None:
+    """Called after each pass (time.time() values) for the busy-fraction gauge."""
+    with _busy_lock:
+        _busy_spans.append((start, end))
+
+
+def _busy_fraction(now: float) -> float:
+    cutoff = now - BUSY_WINDOW
+    with _busy_lock:
+        _busy_spans[:] = [(a, b) for a, b in _busy_spans if b > cutoff]
+        busy = sum(b - max(a, cutoff) for a, b in _busy_spans)
+    return min(1.0, busy / BUSY_WINDOW)
+
+
+def busy_key(model_name: str) -> str:
+    from gpu_tasks.redis_conn import PREFIX
+
+    return f"{PREFIX}busy:{model_name}"
+
+
+def busy_fractions(model_name: str) -> dict[str, float]:
+    from gpu_tasks.redis_conn import get_redis
+
+    live = set(live_workers(model_name))
+    return {w: float(f) for w, f in get_redis().hgetall(busy_key(model_name)).items() if w in live}
 
 
 def workers_key(model_name: str) -> str:
@@ -27,7 +57,9 @@ def _heartbeat_loop(model_name: str, worker_id: str) -> None:
 
     while not _stop.is_set():
         try:
-            get_redis().zadd(workers_key(model_name), {worker_id: time.time()})
+            now = time.time()
+            get_redis().zadd(workers_key(model_name), {worker_id: now})
+            get_redis().hset(busy_key(model_name), worker_id, _busy_fraction(now))
         except Exception:
             log.warning("heartbeat to Redis failed", exc_info=True)
         _stop.wait(HEARTBEAT_EVERY)

@@ -180,6 +180,7 @@ CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
 CELERY_TASK_ROUTES = {
     "safety.tasks.check_prompt": {"queue": QUEUE_CPU},
     "jobs.tasks.reap": {"queue": QUEUE_CPU},
+    "jobs.tasks.sample_figures": {"queue": QUEUE_CPU},
     "gpu_tasks.tasks.run_batch": {"queue": QUEUE_GPU},
 }
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -190,6 +191,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap": {"task": "jobs.tasks.reap", "schedule": IMAGEGEN_REAPER_INTERVAL},
+    "sample-figures": {"task": "jobs.tasks.sample_figures", "schedule": 60.0},
 }
 
 CHANNEL_LAYERS = {
@@ -209,14 +211,17 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "EXCEPTION_HANDLER": "jobs.api_errors.exception_handler",
-    "PAGE_SIZE": 20,
 }
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "imagegen.logs.JsonFormatter"},
+    },
+    # json (the default): one object a line with job_id / batch_id / stage; plain for reading.
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": env_str("IMAGEGEN_LOG_FORMAT", "json")}},
     "root": {"handlers": ["console"], "level": env_str("IMAGEGEN_LOG_LEVEL", "INFO")},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
@@ -250,3 +255,131 @@ SPECTACULAR_SETTINGS = {
 
 # --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
 IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
+
+# --- object storage on S3, retention tiers, regeneration (issue 7; docs/storage.md) ---
+# Unset IMAGEGEN_S3_BUCKET keeps the embedded default: local folders under VAR_DIR.
+IMAGEGEN_S3_BUCKET = env_str("IMAGEGEN_S3_BUCKET", "")
+IMAGEGEN_S3_ENDPOINT_URL = env_str("IMAGEGEN_S3_ENDPOINT_URL", "")  # empty: AWS itself
+IMAGEGEN_S3_REGION = env_str("IMAGEGEN_S3_REGION", "us-east-1")
+IMAGEGEN_S3_ACCESS_KEY_ID = env_str("IMAGEGEN_S3_ACCESS_KEY_ID", "")  # empty: boto3's own chain (role, env, profile)
+IMAGEGEN_S3_SECRET_ACCESS_KEY = env_str("IMAGEGEN_S3_SECRET_ACCESS_KEY", "")
+IMAGEGEN_S3_CUSTOM_DOMAIN = env_str("IMAGEGEN_S3_CUSTOM_DOMAIN", "")  # the CDN's host (and path), e.g. img.example.com
+IMAGEGEN_S3_URL_PROTOCOL = env_str("IMAGEGEN_S3_URL_PROTOCOL", "https:")  # for custom-domain URLs
+IMAGEGEN_S3_ADDRESSING_STYLE = env_str("IMAGEGEN_S3_ADDRESSING_STYLE", "auto")  # auto | path | virtual
+# "public-read" puts an ACL on each public object; empty relies on a bucket policy that makes
+# the public prefix (i/) readable (buckets with ACLs disabled refuse ACL headers).
+IMAGEGEN_S3_PUBLIC_ACL = env_str("IMAGEGEN_S3_PUBLIC_ACL", "")
+# Held and blocked images: a separate private bucket (recommended), or a prefix of the public
+# bucket that the bucket policy does not expose.
+IMAGEGEN_S3_QUARANTINE_BUCKET = env_str("IMAGEGEN_S3_QUARANTINE_BUCKET", "")
+IMAGEGEN_S3_QUARANTINE_PREFIX = env_str("IMAGEGEN_S3_QUARANTINE_PREFIX", "" if IMAGEGEN_S3_QUARANTINE_BUCKET else "quarantine/")
+IMAGEGEN_S3_PRESIGN_SECONDS = env_int("IMAGEGEN_S3_PRESIGN_SECONDS", 300)  # staff links to private objects
+IMAGEGEN_S3_COLD_STORAGE_CLASS = env_str("IMAGEGEN_S3_COLD_STORAGE_CLASS", "STANDARD_IA")  # or GLACIER_IR, ...
+# store_bytes retries transient storage errors this many times in all, backing off exponentially.
+IMAGEGEN_UPLOAD_ATTEMPTS = env_int("IMAGEGEN_UPLOAD_ATTEMPTS", 4)
+IMAGEGEN_UPLOAD_BACKOFF = env_float("IMAGEGEN_UPLOAD_BACKOFF", 0.2)  # seconds before the first retry; doubles
+
+
+def s3_storages(
+    bucket: str,
+    *,
+    endpoint_url: str = "",
+    region: str = "us-east-1",
+    access_key: str = "",
+    secret_key: str = "",
+    custom_domain: str = "",
+    url_protocol: str = "https:",
+    addressing_style: str = "auto",
+    public_acl: str = "",
+    quarantine_bucket: str = "",
+    quarantine_prefix: str = "quarantine/",
+    presign_seconds: int = 300,
+    cache_control: str = IMAGE_CACHE_CONTROL,
+) -> dict:
+    """The "default" (public images) and "quarantine" (private) entries of STORAGES for a bucket.
+    A function so the tests build exactly what a deployment gets."""
+    from botocore.config import Config
+
+    def config():
+        # botocore retries a little itself; jobs.storage.store_bytes adds the bounded backoff.
+        return Config(
+            s3={"addressing_style": addressing_style},
+            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+        )
+
+    common = {
+        "endpoint_url": endpoint_url or None,
+        "region_name": region or None,
+        "access_key": access_key or None,
+        "secret_key": secret_key or None,
+        "file_overwrite": True,  # keys are random and never reused: no HEAD before each upload
+    }
+    public = {
+        **common,
+        "bucket_name": bucket,
+        "client_config": config(),
+        "querystring_auth": False,  # plain, cacheable URLs: no per-request signature
+        "custom_domain": custom_domain or None,
+        "url_protocol": url_protocol,
+        "object_parameters": {"CacheControl": cache_control, "ContentType": "image/png"},
+        "default_acl": public_acl or None,
+    }
+    private = {
+        **common,
+        "bucket_name": quarantine_bucket or bucket,
+        "location": quarantine_prefix.strip("/"),
+        "client_config": config(),
+        "querystring_auth": True,  # staff links are presigned and short-lived
+        "querystring_expire": presign_seconds,
+        "object_parameters": {"CacheControl": "private, no-store", "ContentType": "image/png"},
+        "default_acl": "private" if public_acl else None,
+    }
+    return {
+        "default": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": public},
+        "quarantine": {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": private},
+    }
+
+
+# Local default: quarantine is a folder outside MEDIA_ROOT, never served by any URL.
+STORAGES["quarantine"] = {
+    "BACKEND": "django.core.files.storage.FileSystemStorage",
+    "OPTIONS": {"location": str(VAR_DIR / "quarantine")},
+}
+if IMAGEGEN_S3_BUCKET:
+    STORAGES.update(
+        s3_storages(
+            IMAGEGEN_S3_BUCKET,
+            endpoint_url=IMAGEGEN_S3_ENDPOINT_URL,
+            region=IMAGEGEN_S3_REGION,
+            access_key=IMAGEGEN_S3_ACCESS_KEY_ID,
+            secret_key=IMAGEGEN_S3_SECRET_ACCESS_KEY,
+            custom_domain=IMAGEGEN_S3_CUSTOM_DOMAIN,
+            url_protocol=IMAGEGEN_S3_URL_PROTOCOL,
+            addressing_style=IMAGEGEN_S3_ADDRESSING_STYLE,
+            public_acl=IMAGEGEN_S3_PUBLIC_ACL,
+            quarantine_bucket=IMAGEGEN_S3_QUARANTINE_BUCKET,
+            quarantine_prefix=IMAGEGEN_S3_QUARANTINE_PREFIX,
+            presign_seconds=IMAGEGEN_S3_PRESIGN_SECONDS,
+        )
+    )
+    MEDIA_URL = (
+        f"{IMAGEGEN_S3_URL_PROTOCOL}//{IMAGEGEN_S3_CUSTOM_DOMAIN}/"
+        if IMAGEGEN_S3_CUSTOM_DOMAIN
+        else f"{(IMAGEGEN_S3_ENDPOINT_URL or 'https://s3.amazonaws.com').rstrip('/')}/{IMAGEGEN_S3_BUCKET}/"
+    )
+
+# Retention: images older than HOT_DAYS with fewer than COLD_MAX_VIEWS views go to the cold
+# tier; with DROP_COLD_BYTES, cold ones older than DROP_AFTER_DAYS lose their bytes (the row and
+# its verdicts stay; the image is regenerated on demand while its model version is served).
+IMAGEGEN_HOT_DAYS = env_float("IMAGEGEN_HOT_DAYS", 30.0)
+IMAGEGEN_COLD_MAX_VIEWS = env_int("IMAGEGEN_COLD_MAX_VIEWS", 10)
+IMAGEGEN_DROP_COLD_BYTES = env_bool("IMAGEGEN_DROP_COLD_BYTES", False)
+IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
+IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
+IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn"]
+CELERY_TASK_ROUTES["jobs.retention.run_retention"] = {"queue": QUEUE_IO}
+CELERY_TASK_ROUTES["jobs.cdn.retry_purge"] = {"queue": QUEUE_IO}
+CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

@@ -4,16 +4,24 @@ from django.urls import include, path, re_path
 
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from jobs import openai_api, sse, views, web
+from imagegen import dashboard, health
+from imagegen.metrics_view import metrics_view
+from jobs import delete_views, openai_api, regenerate, sse, staff_views, views, web
 
 urlpatterns = [
-    path("healthz", views.healthz, name="healthz"),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
+    path("staff/dashboard", dashboard.dashboard, name="dashboard"),
     path("api/v1/jobs", views.JobListCreate.as_view(), name="job-list"),
     path("api/v1/queue", views.QueueView.as_view(), name="queue"),
-    path("api/v1/jobs/<uuid:job_id>", views.JobDetail.as_view(), name="job-detail"),
+    # GET as jobs.views.JobDetail, plus DELETE (owner; images purged).
+    path("api/v1/jobs/<uuid:job_id>", delete_views.JobDetailDelete.as_view(), name="job-detail"),
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),
     path("api/v1/jobs/<uuid:job_id>/appeal", views.JobAppeal.as_view(), name="job-appeal"),
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
+    path("api/v1/images/<uuid:image_id>", regenerate.ImageDetail.as_view(), name="image-detail"),
+    path("staff/images/<uuid:image_id>", staff_views.staff_image, name="staff-image"),
     re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.png)$", views.serve_image, name="image"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

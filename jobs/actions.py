@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from gpu_tasks import scheduler
 from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen import metrics
 from jobs.models import TERMINAL_STATUSES, GenerationJob, JobStatus
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
             shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False)
         )
         if steps != job.steps:
+            metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
             cached = cache.lookup(job)
     with transaction.atomic():
@@ -251,7 +253,9 @@ def requeue_expired(now=None) -> dict:
         ).update(status=JobStatus.QUEUED, lease_expires_at=None, progress_step=0, batch=None, started_at=None)
         if updated:
             job.refresh_from_db()
-            log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts)
+            log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts,
+                        extra={"job_id": str(job.id), "stage": "reaper"})
+            metrics.inc("imagegen_requeues_total")
             _publish_status(job)
             _enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
             requeued += 1

@@ -16,3 +16,11 @@ def reap() -> dict:
     if any(result.values()):
         log.warning("reaper: %s", result)
     return result
+
+
+@shared_task(name="jobs.tasks.sample_figures")
+def sample_figures() -> dict:
+    """Periodic: one sample a minute for the dashboard's last-hour plot."""
+    from imagegen.dashboard import record_sample
+
+    return record_sample()

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.http import FileResponse, Http404, JsonResponse
+from django.http import FileResponse, Http404
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
@@ -10,10 +10,11 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from imagegen import metrics
 from jobs import actions
 from jobs.admission import Refused
 from jobs.models import GeneratedImage, GenerationJob
-from jobs.schema import ConflictSerializer, QueueSerializer, RefusedSerializer
+from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
 from jobs.serializers import JobCreateSerializer, JobSerializer
 from jobs.storage import public_storage
 
@@ -65,6 +66,7 @@ class JobListCreate(ListAPIView):
         try:
             job = actions.submit_job(request.user, serializer.validated_data)
         except Refused as refused:
+            metrics.inc("imagegen_shed_total", limit=refused.limit)
             return Response(
                 {"detail": refused.message, "limit": refused.limit, "eta_seconds": refused.eta_seconds,
                  "retry_after": refused.retry_after},
@@ -81,7 +83,17 @@ class JobDetail(APIView):
 
 
 @extend_schema_view(
-    get=extend_schema(operation_id="queue_retrieve", summary="Queue depth and estimated wait", responses={200: QueueSerializer})
+    post=extend_schema(
+        operation_id="jobs_appeal",
+        summary="Appeal a blocked job",
+        description="The owner of a blocked job asks once for a moderator's decision; the case joins the review queue.",
+        request=AppealRequestSerializer,
+        responses={
+            202: JobSerializer,
+            400: OpenApiResponse(description="The note is invalid, or the job is not blocked (`{detail, status}`)."),
+            409: OpenApiResponse(ConflictSerializer, description="Already appealed."),
+        },
+    )
 )
 class JobAppeal(APIView):
     """The owner of a blocked job asks once for a moderator's decision."""
@@ -102,6 +114,9 @@ class JobAppeal(APIView):
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="queue_retrieve", summary="Queue depth and estimated wait", responses={200: QueueSerializer})
+)
 class QueueView(APIView):
     """Per model and shape: images queued, the estimated wait for a new job, live workers."""
 
@@ -173,6 +188,3 @@ def serve_image(request, key: str):
     response["Cache-Control"] = settings.IMAGE_CACHE_CONTROL
     return response
 
-
-def healthz(request):
-    return JsonResponse({"status": "ok"})

@@ -20,12 +20,15 @@ import importlib
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from django.conf import settings
 from PIL import Image
+
+from imagegen import metrics
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +164,7 @@ def judge(images: list[Image.Image]) -> list[ImageJudgement]:
             ImageJudgement("allow", "unchecked", None, "unchecked: the image classifier is disabled by the operator", "none")
             for _ in images
         ]
+    started = time.monotonic()
     try:
         scores = _POOL.submit(classifier.scores, images).result(timeout=settings.IMAGEGEN_CLASSIFIER_TIMEOUT)
     except ImageGateError:
@@ -171,6 +175,7 @@ def judge(images: list[Image.Image]) -> list[ImageJudgement]:
         ) from exc
     except Exception as exc:
         raise ImageGateError(f"the image classifier failed: {type(exc).__name__}: {exc}") from exc
+    metrics.observe("imagegen_classifier_seconds", time.monotonic() - started)
     if scores is None or len(scores) != len(images) or any(not isinstance(s, dict) for s in scores):
         raise ImageGateError("the image classifier returned no usable result")
     labels, policy_version = _image_thresholds()

@@ -1,0 +1,38 @@
+"""/healthz: the process is up. /readyz: the database, Redis and at least one live GPU worker."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+
+
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+def readyz(request):
+    checks: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"unavailable: {type(exc).__name__}"
+    try:
+        from gpu_tasks.redis_conn import get_redis
+
+        get_redis().ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"unavailable: {type(exc).__name__}"
+    if checks["redis"] == "ok":
+        from gpu_tasks.worker import live_workers
+
+        n = len(live_workers(settings.IMAGEGEN_MODEL_NAME))
+        checks["gpu_workers"] = "ok" if n else f"no live GPU worker for {settings.IMAGEGEN_MODEL_NAME}"
+    else:
+        checks["gpu_workers"] = "unknown: redis is unavailable"
+    failing = [part for part, state in checks.items() if state != "ok"]
+    body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
+    return JsonResponse(body, status=200 if not failing else 503)

@@ -1,0 +1,89 @@
+"""Metrics that are correct across the web process and every worker, on any host.
+
+Counters and histograms live in Redis (one HINCRBYFLOAT per update, pipelined), so a scrape of
+/metrics on any web process sees what every Celery worker did. Gauges about the queue, the
+review queue, stored bytes and outcomes are computed from Redis and the database at scrape
+time. Updating a metric never raises: metrics must not fail a generation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from gpu_tasks.redis_conn import PREFIX, get_redis
+
+log = logging.getLogger(__name__)
+
+BUCKETS = {
+    "imagegen_queue_wait_seconds": (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    "imagegen_time_to_first_preview_seconds": (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+    "imagegen_submit_to_done_seconds": (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    "imagegen_batch_size": (1, 2, 4, 8, 16, 32, 64),
+    "imagegen_batch_fill": (0.125, 0.25, 0.5, 0.75, 0.9, 1.0),
+    "imagegen_classifier_seconds": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+}
+
+HELP = {
+    "imagegen_images_generated_total": "Images produced by the pipeline",
+    "imagegen_batches_total": "Pipeline passes run",
+    "imagegen_gpu_seconds_total": "GPU-seconds spent in pipeline passes, per worker",
+    "imagegen_requeues_total": "Jobs requeued after their worker was lost",
+    "imagegen_attempts_total": "Generation attempts started",
+    "imagegen_cache_hits_total": "Images served from the request-hash cache",
+    "imagegen_cache_misses_total": "Images that had to be generated",
+    "imagegen_shed_total": "Submits refused with 429, by limit",
+    "imagegen_degraded_total": "Jobs accepted with fewer steps",
+    "imagegen_queue_wait_seconds": "Admission to the scheduler until a GPU worker took the job",
+    "imagegen_time_to_first_preview_seconds": "Submit until the first preview was published",
+    "imagegen_submit_to_done_seconds": "Submit until the job was done",
+    "imagegen_batch_size": "Images per pipeline pass",
+    "imagegen_batch_fill": "Batch size over the shape's cap",
+    "imagegen_classifier_seconds": "Output image classifier latency per batch",
+}
+
+
+def _labels_key(labels: dict | None) -> str:
+    return json.dumps(labels or {}, sort_keys=True)
+
+
+def inc(name: str, value: float = 1.0, **labels) -> None:
+    try:
+        get_redis().hincrbyfloat(f"{PREFIX}m:c:{name}", _labels_key(labels), value)
+    except Exception:
+        log.warning("metric %s not recorded", name, exc_info=True)
+
+
+def observe(name: str, value: float, **labels) -> None:
+    try:
+        key = f"{PREFIX}m:h:{name}"
+        lk = _labels_key(labels)
+        pipe = get_redis().pipeline()
+        for le in BUCKETS[name]:
+            if value <= le:
+                pipe.hincrbyfloat(key, f"{lk}|{le}", 1)
+        pipe.hincrbyfloat(key, f"{lk}|+Inf", 1)
+        pipe.hincrbyfloat(key, f"{lk}|sum", value)
+        pipe.execute()
+    except Exception:
+        log.warning("metric %s not recorded", name, exc_info=True)
+
+
+def read_counters() -> dict[str, dict[str, float]]:
+    r = get_redis()
+    out = {}
+    for key in r.scan_iter(f"{PREFIX}m:c:*"):
+        out[key[len(f"{PREFIX}m:c:"):]] = {k: float(v) for k, v in r.hgetall(key).items()}
+    return out
+
+
+def read_histograms() -> dict[str, dict[str, dict[str, float]]]:
+    """name -> labels key -> {"le": count..., "sum": s}"""
+    r = get_redis()
+    out: dict = {}
+    for key in r.scan_iter(f"{PREFIX}m:h:*"):
+        name = key[len(f"{PREFIX}m:h:"):]
+        for field, value in r.hgetall(key).items():
+            lk, _, part = field.rpartition("|")
+            out.setdefault(name, {}).setdefault(lk, {})[part] = float(value)
+    return out

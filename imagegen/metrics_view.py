@@ -1,0 +1,127 @@
+"""GET /metrics: Prometheus text, gathered from Redis (counters, histograms) and computed
+gauges (queue, workers, review queue, outcomes, stored bytes, views)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from django.conf import settings
+from django.db.models import Count, Sum
+from django.http import HttpResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from imagegen import metrics
+
+
+def _labelled(family, labels: dict, value, names: list[str]):
+    family.add_metric([str(labels.get(n, "")) for n in names], value)
+
+
+class ImagegenCollector:
+    def collect(self):
+        yield from self._counters()
+        yield from self._histograms()
+        yield from self._queue()
+        yield from self._database()
+
+    def _counters(self):
+        from jobs.cache import stats
+
+        counters = metrics.read_counters()
+        cache = stats()
+        counters.setdefault("imagegen_cache_hits_total", {})["{}"] = cache["hits"]
+        counters.setdefault("imagegen_cache_misses_total", {})["{}"] = cache["misses"]
+        for name, series in sorted(counters.items()):
+            label_names = sorted({k for lk in series for k in json.loads(lk)})
+            family = CounterMetricFamily(name.removesuffix("_total"), HELP.get(name, name), labels=label_names)
+            for lk, value in series.items():
+                _labelled(family, json.loads(lk), value, label_names)
+            yield family
+
+    def _histograms(self):
+        for name, series in sorted(metrics.read_histograms().items()):
+            label_names = sorted({k for lk in series for k in json.loads(lk)})
+            family = HistogramMetricFamily(name, HELP.get(name, name), labels=label_names)
+            for lk, parts in series.items():
+                labels = json.loads(lk)
+                buckets = [(str(le), parts.get(str(le), 0.0)) for le in metrics.BUCKETS[name]]
+                buckets.append(("+Inf", parts.get("+Inf", 0.0)))
+                family.add_metric([str(labels.get(n, "")) for n in label_names], buckets, parts.get("sum", 0.0))
+            yield family
+
+    def _queue(self):
+        from gpu_tasks import scheduler
+        from gpu_tasks.redis_conn import get_redis
+        from gpu_tasks.worker import busy_fractions, live_workers
+        from jobs.admission import COST_KEY, seconds_per_image
+
+        model = settings.IMAGEGEN_MODEL_NAME
+        costs = get_redis().hgetall(COST_KEY)
+        depth = GaugeMetricFamily("imagegen_queue_images", "Images waiting, per model and shape", labels=["model", "shape"])
+        depth_s = GaugeMetricFamily("imagegen_queue_gpu_seconds", "GPU-seconds of work waiting, per model and shape", labels=["model", "shape"])
+        total_seconds = 0.0
+        for shape, entries in scheduler.queued_entries(model).items():
+            images = sum(c for _, c, _ in entries)
+            seconds = images * seconds_per_image(shape, costs)
+            total_seconds += seconds
+            depth.add_metric([model, shape], images)
+            depth_s.add_metric([model, shape], seconds)
+        yield depth
+        yield depth_s
+        workers = live_workers(model)
+        active = GaugeMetricFamily("imagegen_gpu_workers", "Live GPU workers (heartbeats)", labels=["model"])
+        active.add_metric([model], len(workers))
+        yield active
+        signal = GaugeMetricFamily(
+            "imagegen_queued_gpu_seconds_per_gpu",
+            "The autoscaling signal: queued GPU-seconds per live GPU worker (queued seconds when none)",
+            labels=["model"],
+        )
+        signal.add_metric([model], total_seconds / max(1, len(workers)))
+        yield signal
+        busy = GaugeMetricFamily("imagegen_gpu_busy_fraction", "Fraction of the last minute each GPU worker spent in passes", labels=["worker"])
+        for worker, fraction in busy_fractions(model).items():
+            busy.add_metric([worker], fraction)
+        yield busy
+
+    def _database(self):
+        from jobs.models import GeneratedImage, GenerationJob
+        from safety.review import review_queue
+        from safety.models import SafetyVerdict
+
+        outcomes = CounterMetricFamily("imagegen_jobs", "Jobs by status (terminal statuses are outcomes)", labels=["status"])
+        for row in GenerationJob.objects.values("status").annotate(n=Count("id")):
+            outcomes.add_metric([row["status"]], row["n"])
+        yield outcomes
+        decisions = CounterMetricFamily("imagegen_safety_decisions", "Safety verdicts", labels=["stage", "category", "decision"])
+        for row in SafetyVerdict.objects.values("stage", "category", "decision").annotate(n=Count("id")):
+            decisions.add_metric([row["stage"], row["category"] or "-", row["decision"]], row["n"])
+        yield decisions
+        review = GaugeMetricFamily("imagegen_review_queue_depth", "Cases waiting for a moderator")
+        review.add_metric([], review_queue().count())
+        yield review
+        stored = GaugeMetricFamily("imagegen_stored_bytes", "Bytes of stored images per tier", labels=["tier"])
+        for row in GeneratedImage.objects.values("tier", "cold").annotate(b=Sum("byte_size")):
+            stored.add_metric([f"{row['tier']}{'-cold' if row['cold'] else ''}"], row["b"] or 0)
+        yield stored
+        views = HistogramMetricFamily("imagegen_views_per_image", "Views per stored image")
+        edges = (0, 1, 2, 5, 10, 100, 1000)
+        qs = GeneratedImage.objects.exclude(tier="deleted")
+        buckets = [(str(le), qs.filter(views__lte=le).count()) for le in edges]
+        buckets.append(("+Inf", qs.count()))
+        views.add_metric([], buckets, qs.aggregate(s=Sum("views"))["s"] or 0)
+        yield views
+
+
+HELP = metrics.HELP
+
+
+def metrics_view(request):
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ImagegenCollector())
+    started = time.monotonic()
+    body = generate_latest(registry)
+    body += f"# scrape took {time.monotonic() - started:.3f}s\n".encode()
+    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
