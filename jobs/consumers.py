@@ -8,41 +8,50 @@ closes the socket with code 1000.
 
 from __future__ import annotations
 
+import asyncio
+
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from jobs.events import group_name
-from jobs.realtime import EventOrder, current_events, owned_job
+from jobs.realtime import EventOrder, current_events, job_hub, owned_job
 
 CLOSE_NORMAL = 1000
 CLOSE_NOT_FOUND = 4404  # sent before accept, so clients see a refused handshake (HTTP 403)
 
 
 class JobEventsConsumer(AsyncJsonWebsocketConsumer):
-    """Transport only: ownership checked at connect, one group per job, current state first."""
+    """Transport only: ownership checked at connect, the job's events from the process's
+    JobHub, current state first."""
 
     async def connect(self):
         self.job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
-        self.group = None
+        self.subscription = None
+        self.forwarder = None
         self.order = EventOrder()
         job = await owned_job(self.scope.get("user"), self.job_id)
         if job is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        # Join the group before reading the state, so nothing in between is missed; EventOrder
-        # drops what the replay already covered.
-        self.group = group_name(self.job_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        # Subscribe before reading the state, so nothing in between is missed; live events
+        # wait in the subscription's queue until the replay is out, and EventOrder drops what
+        # the replay already covered.
+        self.subscription = await job_hub().subscribe(self.job_id)
         await self.accept()
         for event in await current_events(self.job_id):
             await self._send(event)
+        if not self.order.finished:
+            self.forwarder = asyncio.create_task(self._forward())
+
+    async def _forward(self):
+        while not self.order.finished:
+            await self._send(await self.subscription.queue.get())
 
     async def disconnect(self, code):
-        if self.group:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
-            self.group = None
-
-    async def job_event(self, message):
-        await self._send(message["event"])
+        if self.forwarder is not None:
+            self.forwarder.cancel()
+            self.forwarder = None
+        if self.subscription is not None:
+            await self.subscription.close()
+            self.subscription = None
 
     async def _send(self, event: dict) -> None:
         if not self.order.admit(event):

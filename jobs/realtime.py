@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
+
+from channels.layers import get_channel_layer
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
-from jobs.events import last_state
+from jobs.events import group_name, last_state
 
 try:  # pragma: no branch
     from channels_redis.core import RedisChannelLayer
@@ -21,6 +26,8 @@ except ImportError:  # another channel layer backend
     pass
 from jobs.models import GenerationJob, JobStatus
 from jobs.serializers import status_event
+
+log = logging.getLogger(__name__)
 
 
 def _token_user(header: str):
@@ -108,3 +115,90 @@ class EventOrder:
         if kind == "preview":
             return event.get("step", 0) >= self.step
         return True
+
+
+# --- one channel-layer subscription per job per process ----------------------------------
+
+
+class _Subscription:
+    def __init__(self, hub: "JobHub", job_id: str):
+        self.hub = hub
+        self.job_id = job_id
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    async def close(self) -> None:
+        await self.hub.unsubscribe(self)
+
+
+class JobHub:
+    """Fans a job's events out to every watcher in this process from ONE channel-layer channel.
+
+    With a channel per watcher, channels_redis moves each event through Redis once per watcher
+    (a Lua group send, then a blocking pop, a backup write and a cleanup per message on the
+    receiving side); 50 watchers meant 50 round trips per step and a p99 over the goal. Here
+    the group has one member per job per web process: the process pops each event once and
+    puts it on the watchers' local queues, in order.
+    """
+
+    def __init__(self):
+        self.subscribers: dict[str, set[_Subscription]] = {}
+        self.readers: dict[str, tuple[str, asyncio.Task]] = {}
+        self.lock = asyncio.Lock()
+
+    async def subscribe(self, job_id) -> _Subscription:
+        job_id = str(job_id)
+        sub = _Subscription(self, job_id)
+        async with self.lock:
+            self.subscribers.setdefault(job_id, set()).add(sub)
+            if job_id not in self.readers:
+                layer = get_channel_layer()
+                channel = await layer.new_channel()
+                # Joined before the caller reads the current state: nothing falls in between.
+                await layer.group_add(group_name(job_id), channel)
+                self.readers[job_id] = (channel, asyncio.create_task(self._read(job_id, channel)))
+        return sub
+
+    async def unsubscribe(self, sub: _Subscription) -> None:
+        async with self.lock:
+            subs = self.subscribers.get(sub.job_id)
+            if subs is None:
+                return
+            subs.discard(sub)
+            if subs:
+                return
+            del self.subscribers[sub.job_id]
+            channel, task = self.readers.pop(sub.job_id)
+            task.cancel()
+            try:
+                await get_channel_layer().group_discard(group_name(sub.job_id), channel)
+            except Exception:  # the group entry expires by itself
+                log.warning("could not leave the group of job %s", sub.job_id, exc_info=True)
+
+    async def _read(self, job_id: str, channel: str) -> None:
+        layer = get_channel_layer()
+        while True:
+            try:
+                message = await layer.receive(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a Redis hiccup must not end every watcher's stream
+                log.warning("receiving events of job %s failed; retrying", job_id, exc_info=True)
+                await asyncio.sleep(0.2)
+                continue
+            event = message.get("event")
+            if event is None:
+                continue
+            for sub in list(self.subscribers.get(job_id, ())):
+                sub.queue.put_nowait(event)
+
+
+_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, JobHub]" = weakref.WeakKeyDictionary()
+
+
+def job_hub() -> JobHub:
+    """The hub of the running event loop (daphne has one; tests may run several in turn)."""
+    loop = asyncio.get_running_loop()
+    hub = _hubs.get(loop)
+    if hub is None:
+        hub = _hubs[loop] = JobHub()
+    return hub

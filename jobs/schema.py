@@ -546,3 +546,7 @@ class QueueModelSerializer(serializers.Serializer):
 
 class QueueSerializer(serializers.Serializer):
     models = QueueModelSerializer(many=True)
+
+
+class AppealRequestSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=1000, help_text="A note for the moderator.")

@@ -1,6 +1,6 @@
 """Server-sent events: GET /api/v1/jobs/{id}/events, owner only.
 
-Subscribes to the job's channel-layer group first, then replays the current state, so nothing
+Subscribes to the job's events (the process's JobHub) first, then replays the current state, so nothing
 that happens in between is missed; ends after the terminal status. Framing: one `event: <type>`
 line and one `data: <json>` line per event, a blank line after each; a `: keepalive` comment
 every KEEPALIVE_SECONDS of silence. Works with any HTTP client (curl -N, httpx, EventSource).
@@ -12,11 +12,9 @@ import asyncio
 import json
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.http import JsonResponse, StreamingHttpResponse
 
-from jobs.events import group_name
-from jobs.realtime import TERMINAL, EventOrder, authenticate_header_or_session, current_events, owned_job
+from jobs.realtime import TERMINAL, EventOrder, authenticate_header_or_session, current_events, job_hub, owned_job
 
 KEEPALIVE_SECONDS = 15.0
 
@@ -37,10 +35,8 @@ async def job_events(request, job_id):
         return JsonResponse({"detail": "No GenerationJob matches the given query."}, status=404)
 
     async def stream():
-        layer = get_channel_layer()
-        channel = await layer.new_channel()
         order = EventOrder()
-        await layer.group_add(group_name(job_id), channel)
+        subscription = await job_hub().subscribe(job_id)
         try:
             for event in await current_events(job_id):
                 if order.admit(event):
@@ -49,7 +45,7 @@ async def job_events(request, job_id):
                     return
             while True:
                 try:
-                    message = await asyncio.wait_for(layer.receive(channel), timeout=KEEPALIVE_SECONDS)
+                    event = await asyncio.wait_for(subscription.queue.get(), timeout=KEEPALIVE_SECONDS)
                 except asyncio.TimeoutError:
                     yield ": keepalive\n\n"
                     # The row is the truth: a final event lost in transit still ends the stream.
@@ -58,12 +54,12 @@ async def job_events(request, job_id):
                             yield _frame(event)
                             return
                     continue
-                if order.admit(message["event"]):
-                    yield _frame(message["event"])
+                if order.admit(event):
+                    yield _frame(event)
                 if order.finished:
                     return
         finally:
-            await layer.group_discard(group_name(job_id), channel)
+            await subscription.close()
 
     response = StreamingHttpResponse(stream(), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

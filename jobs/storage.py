@@ -1,16 +1,25 @@
-"""Where image bytes go: public storage for delivered images, private quarantine for the rest."""
+"""Where image bytes go: public storage for delivered images, private quarantine for the rest.
+
+Both are entries of settings.STORAGES: "default" (public: immutable keys, long-cached URLs) and
+"quarantine" (private: staff only). The embedded default is two local folders; with
+IMAGEGEN_S3_BUCKET they are S3 buckets (or a bucket and a private prefix) through
+django-storages (see imagegen/settings.py and docs/storage.md).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import random
 import secrets
+import time
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.files.base import ContentFile
-from django.core.files.storage import FileSystemStorage, Storage, default_storage
+from django.core.files.storage import FileSystemStorage, Storage, default_storage, storages
 
-_quarantine: Storage | None = None
+log = logging.getLogger(__name__)
 
 
 def public_storage() -> Storage:
@@ -18,10 +27,26 @@ def public_storage() -> Storage:
 
 
 def quarantine_storage() -> Storage:
-    global _quarantine
-    if _quarantine is None:
-        _quarantine = FileSystemStorage(location=settings.VAR_DIR / "quarantine", base_url=None)
-    return _quarantine
+    """Private storage; never served by a public URL. Re-read on each call so a settings
+    override (tests) or a reconfigured STORAGES takes effect."""
+    if "quarantine" in settings.STORAGES:
+        return storages["quarantine"]
+    return FileSystemStorage(location=settings.VAR_DIR / "quarantine", base_url=None)
+
+
+def is_s3(storage: Storage) -> bool:
+    try:
+        from storages.backends.s3 import S3Storage
+    except ImportError:  # pragma: no cover - django-storages is in requirements.txt
+        return False
+    return isinstance(storage, S3Storage)  # default_storage is lazy: __class__ is proxied
+
+
+def s3_location(storage: Storage, key: str) -> tuple[str, str]:
+    """(bucket, object key) of a storage key on an S3 storage (its location prefix applied)."""
+    from storages.utils import clean_name
+
+    return storage.bucket_name, storage._normalize_name(clean_name(key))
 
 
 @dataclass(frozen=True)
@@ -36,9 +61,52 @@ def new_image_key() -> str:
     return f"i/{secrets.token_hex(16)}.png"
 
 
+_TRANSIENT_S3_CODES = frozenset(
+    {"SlowDown", "InternalError", "ServiceUnavailable", "RequestTimeout", "Throttling", "ThrottlingException",
+     "RequestLimitExceeded", "503", "500"}
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: the network, a throttling or 5xx answer from the store, a local I/O error.
+    Not worth it: a refusal (403), a missing bucket (404), a bad request (400)."""
+    try:
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+    except ImportError:  # pragma: no cover
+        ClientError = BotoConnectionError = HTTPClientError = ()  # type: ignore[assignment]
+    if ClientError and isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return code in _TRANSIENT_S3_CODES or int(status) >= 500
+    if BotoConnectionError and isinstance(exc, (BotoConnectionError, HTTPClientError)):
+        return True  # EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError
+    if isinstance(exc, (PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    return isinstance(exc, (OSError, TimeoutError))
+
+
 def store_bytes(data: bytes, storage: Storage) -> StoredObject:
+    """Upload under a new immutable key. Transient errors are retried with exponential backoff
+    (IMAGEGEN_UPLOAD_ATTEMPTS in all, from IMAGEGEN_UPLOAD_BACKOFF seconds, with jitter); then
+    the last error is raised. The caller creates rows only after this returns, so there is
+    never a row without bytes."""
     key = new_image_key()
-    saved = storage.save(key, ContentFile(data))
+    attempts = max(1, int(getattr(settings, "IMAGEGEN_UPLOAD_ATTEMPTS", 4)))
+    backoff = float(getattr(settings, "IMAGEGEN_UPLOAD_BACKOFF", 0.2))
+    for attempt in range(1, attempts + 1):
+        try:
+            saved = storage.save(key, ContentFile(data))
+            break
+        except Exception as exc:
+            if attempt >= attempts or not is_transient(exc):
+                raise
+            delay = backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            log.warning("upload of %s failed (%s: %s), attempt %d of %d; retrying in %.2fs",
+                        key, type(exc).__name__, exc, attempt, attempts, delay)
+            # A half-written local file would make the next save pick another name: drop it.
+            if isinstance(exc, OSError):
+                delete_quietly(key, storage)
+            time.sleep(delay)
     return StoredObject(key=saved, sha256=hashlib.sha256(data).hexdigest(), byte_size=len(data))
 
 
@@ -46,8 +114,25 @@ def delete_quietly(key: str, storage: Storage) -> None:
     try:
         storage.delete(key)
     except Exception:
-        pass
+        log.warning("could not delete %s", key, exc_info=True)
 
 
 def image_url(key: str) -> str:
     return public_storage().url(key)
+
+
+def private_url(key: str, expires: int | None = None) -> str | None:
+    """A short-lived presigned URL for a quarantined object on S3, for staff tooling; None on
+    local storage (use the staff view /staff/images/<id>, which works on both)."""
+    storage = quarantine_storage()
+    if not is_s3(storage):
+        return None
+    return storage.url(key, expire=expires or settings.IMAGEGEN_S3_PRESIGN_SECONDS)
+
+
+def storage_for_tier(tier: str) -> Storage | None:
+    if tier == "public":
+        return public_storage()
+    if tier == "quarantine":
+        return quarantine_storage()
+    return None

@@ -93,8 +93,8 @@ def make_vae():
         in_channels=3, out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(32, 64, 64), layers_per_block=1, latent_channels=4,
-        norm_num_groups=16, sample_size=64, mid_block_add_attention=False,
+        block_out_channels=(16, 32, 64), layers_per_block=1, latent_channels=4,
+        norm_num_groups=1, sample_size=64, mid_block_add_attention=False,
     )
 
 
@@ -120,7 +120,7 @@ def make_unet(channels=(32, 64, 128), cross_dim=128, layers_per_block=1, attn_to
         block_out_channels=tuple(channels),
         down_block_types=(top_down, "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
         up_block_types=("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", top_up),
-        cross_attention_dim=cross_dim, attention_head_dim=8, norm_num_groups=16,
+        cross_attention_dim=cross_dim, attention_head_dim=8, norm_num_groups=8,
     )
 
 
@@ -136,7 +136,7 @@ def make_infer_scheduler():
 
     return DPMSolverMultistepScheduler(num_train_timesteps=1000, beta_schedule="linear",
                                        beta_start=0.0001, beta_end=0.02, prediction_type="v_prediction",
-                                       algorithm_type="dpmsolver++", solver_order=2)
+                                       algorithm_type="dpmsolver++", solver_order=2, steps_offset=1)
 
 
 def n_params(m) -> int:
@@ -169,30 +169,33 @@ class Pool:
 
 
 # ----------------------------------------------------------------------------- stage 1: VAE
-def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weight: float):
+def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weight: float,
+              vae_noise: float = 0.1):
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     vae = make_vae()
     log(f"VAE params: {n_params(vae):,}")
     opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 100) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
     t0 = time.time()
     for step in range(steps):
         idx = rng.integers(len(pool.imgs), size=batch)
         x = to_tensor(pool.imgs[idx])
         post = vae.encode(x).latent_dist
-        z = post.sample()
+        # deterministic-ish autoencoder: decode the posterior mean plus a small fixed noise so the
+        # decoder tolerates imperfect diffusion outputs; L2 (the KL mean term) keeps latents bounded.
+        z = post.mean + vae_noise * torch.randn_like(post.mean)
         rec = vae.decode(z).sample
         mse = F.mse_loss(rec, x)
-        kl = (0.5 * (post.mean ** 2 + post.var - 1.0 - post.logvar)).mean()
+        kl = (0.5 * post.mean ** 2).mean()
         loss = mse + kl_weight * kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 50 == 0 or step == steps - 1:
+        if step % 25 == 0 or step == steps - 1:
             log(f"vae step {step} mse {mse.item():.5f} kl {kl.item():.3f} "
                 f"{(time.time() - t0) / (step + 1):.3f}s/step")
     vae.eval()
@@ -231,9 +234,12 @@ def save_pipeline(out: Path, vae, text_encoder, tokenizer, unet, preview: dict |
                   fp16: bool = True):
     from diffusers import StableDiffusionPipeline
 
+    # UNet and VAE weights are stored as fp16 (diffusers loads them into fp32 modules by default);
+    # the text encoder stays fp32 because transformers keeps the stored dtype, which would give a
+    # mixed-dtype pipeline when it is loaded without torch_dtype.
     dtype = torch.float16 if fp16 else torch.float32
     pipe = StableDiffusionPipeline(
-        vae=copy.deepcopy(vae).to(dtype), text_encoder=copy.deepcopy(text_encoder).to(dtype),
+        vae=copy.deepcopy(vae).to(dtype), text_encoder=copy.deepcopy(text_encoder).float(),
         tokenizer=tokenizer, unet=copy.deepcopy(unet).to(dtype), scheduler=make_infer_scheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
     )
@@ -263,6 +269,12 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
                      attn_top=args.attn_top)
     te = make_text_encoder(tokenizer, hidden=args.te_hidden, layers=args.te_layers)
     log(f"UNet params: {n_params(unet):,}  text encoder params: {n_params(te):,}")
+    if not (args.resume and Path(args.state).exists()):
+        # save right away (untrained UNet) so the trained VAE + preview decoder are never lost
+        save_pipeline(out, vae, te, tokenizer, unet, preview, dict(vars(args), unet_step=0), fp16=not args.fp32)
+        log(f"saved step-0 pipeline (trained VAE, untrained UNet) -> {out}")
+    if args.steps == 0:
+        return unet, te
     ema_unet, ema_te = copy.deepcopy(unet).eval(), copy.deepcopy(te).eval()
     for p in list(ema_unet.parameters()) + list(ema_te.parameters()):
         p.requires_grad_(False)
@@ -299,7 +311,7 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         caps = pool.captions(idx, rng)
         ids = tokenizer(caps, padding="max_length", max_length=MAX_TOKENS, truncation=True,
                         return_tensors="pt").input_ids
-        z0 = (lat_mean[idx] + lat_std[idx] * torch.randn_like(lat_mean[idx])) * sf
+        z0 = lat_mean[idx] * sf
         noise = torch.randn_like(z0)
         t = torch.randint(0, 1000, (args.batch,))
         a = acp[t].view(-1, 1, 1, 1)
@@ -339,22 +351,22 @@ def main(argv=None):
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--pool", type=int, default=30000, help="training samples drawn from the generator")
-    p.add_argument("--vae-steps", type=int, default=600)
+    p.add_argument("--pool", type=int, default=20000, help="training samples drawn from the generator")
+    p.add_argument("--vae-steps", type=int, default=400)
     p.add_argument("--vae-batch", type=int, default=32)
-    p.add_argument("--vae-lr", type=float, default=1e-3)
+    p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--kl-weight", type=float, default=1e-4)
     p.add_argument("--vae-from", default=None, help="reuse the VAE of an existing pipeline dir")
-    p.add_argument("--steps", type=int, default=4000, help="UNet steps")
+    p.add_argument("--steps", type=int, default=2800, help="UNet steps")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=8e-4)
     p.add_argument("--ema", type=float, default=0.999)
     p.add_argument("--unet-channels", type=int, nargs=3, default=[32, 64, 128])
     p.add_argument("--unet-layers", type=int, default=1)
     p.add_argument("--attn-top", action="store_true", help="cross-attention at the 16x16 level too")
     p.add_argument("--te-hidden", type=int, default=128)
     p.add_argument("--te-layers", type=int, default=3)
-    p.add_argument("--ckpt-every", type=int, default=500)
+    p.add_argument("--ckpt-every", type=int, default=250)
     p.add_argument("--state", default="/tmp/shapes_train_state.pt")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--fp32", action="store_true", help="save fp32 weights (default fp16 on disk)")
@@ -370,13 +382,13 @@ def main(argv=None):
 
     if args.vae_from:
         from diffusers import AutoencoderKL
-        vae = AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae", torch_dtype=torch.float32).eval()
+        vae = AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae").eval()
         log(f"reusing VAE from {args.vae_from} (scaling_factor {vae.config.scaling_factor:.4f})")
         lat_mean, lat_std = encode_pool(vae, pool)
     else:
         vae = train_vae(pool, args.vae_steps, args.vae_batch, args.vae_lr, args.seed, args.kl_weight)
         lat_mean, lat_std = encode_pool(vae, pool)
-        z = lat_mean + lat_std * torch.randn_like(lat_mean)
+        z = lat_mean
         sf = float(1.0 / z.std())
         vae.register_to_config(scaling_factor=sf)
         log(f"VAE done in {time.time() - t_start:.0f}s; latent std {z.std():.4f} mean {z.mean():.4f} "
