@@ -62,11 +62,11 @@ class LoadedModel:
         started = time.monotonic()
         self.path = Path(path)
         self.device = device
-        self.pipe = AutoPipelineForText2Image.from_pretrained(
-            str(self.path), local_files_only=True, torch_dtype=torch.float32
-        )
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.IMAGEGEN_DTYPE]
+        self.pipe = AutoPipelineForText2Image.from_pretrained(str(self.path), local_files_only=True, torch_dtype=dtype)
         self.pipe.set_progress_bar_config(disable=True)
         self.pipe.to(device)
+        apply_runtime_levers(self.pipe)
         self.preview_map = self._load_preview_map()
         self.load_seconds = time.monotonic() - started
         log.info("loaded pipeline %s on %s in %.1fs", self.path, device, self.load_seconds)
@@ -133,16 +133,51 @@ class LoadedModel:
         return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def apply_runtime_levers(pipe) -> None:
+    """The per-step cost levers, each a setting (measured on and off by bench/runtime_levers.py)."""
+    import torch
+
+    if settings.IMAGEGEN_ATTENTION == "classic":
+        from diffusers.models.attention_processor import AttnProcessor
+
+        pipe.unet.set_attn_processor(AttnProcessor())  # SDPA (the default) off
+    if settings.IMAGEGEN_CHANNELS_LAST:
+        pipe.unet.to(memory_format=torch.channels_last)
+        pipe.vae.to(memory_format=torch.channels_last)
+    if settings.IMAGEGEN_COMPILE:
+        pipe.unet = torch.compile(pipe.unet, mode=settings.IMAGEGEN_COMPILE_MODE, fullgraph=False)
+
+
+def warm_up(model: "LoadedModel") -> float:
+    """Run every menu shape at batch 1 and at its cap once, so that no request pays for a
+    compilation (torch.compile specialises on shapes) or a first-call allocation."""
+    from gpu_tasks.scheduler import cap_for
+
+    started = time.monotonic()
+    for width, height in settings.IMAGEGEN_SIZE_MENU:
+        if width % 8 or height % 8:
+            continue
+        for batch in sorted({1, cap_for(width, height)}):
+            rows = [Row("warm-up", i, "warm up", "", i) for i in range(batch)]
+            model.generate(rows, width, height, 2, settings.IMAGEGEN_DEFAULT_GUIDANCE)
+    return time.monotonic() - started
+
+
 _loaded: LoadedModel | None = None
 _lock = threading.Lock()
 
 
 def get_model() -> LoadedModel:
-    """The process's pipeline, loaded on first use."""
+    """The process's pipeline, loaded on first use (the simulated accelerator when configured)."""
     global _loaded
     with _lock:
         if _loaded is None:
-            _loaded = LoadedModel(settings.IMAGEGEN_MODEL_PATH, settings.IMAGEGEN_DEVICE)
+            if settings.IMAGEGEN_ACCELERATOR == "simulated":
+                from gpu_tasks.simulated import SimulatedModel
+
+                _loaded = SimulatedModel()  # type: ignore[assignment]
+            else:
+                _loaded = LoadedModel(settings.IMAGEGEN_MODEL_PATH, settings.IMAGEGEN_DEVICE)
         return _loaded
 
 

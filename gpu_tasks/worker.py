@@ -84,7 +84,11 @@ def _on_worker_ready(sender=None, **kwargs):
     from gpu_tasks.batch import WORKER_ID
     from gpu_tasks.pipeline import get_model
 
-    get_model()  # load once, before the first batch, so no request pays for it
+    model = get_model()  # load once, before the first batch, so no request pays for it
+    if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
+        from gpu_tasks.pipeline import warm_up
+
+        log.info("warmed up every menu shape in %.1fs", warm_up(model))
     for queue in gpu_queues:
         model_name = queue[len(settings.QUEUE_GPU_PREFIX):]
         threading.Thread(target=_heartbeat_loop, args=(model_name, WORKER_ID), daemon=True).start()

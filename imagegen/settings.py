@@ -118,6 +118,18 @@ IMAGEGEN_MODEL_PATH = Path(env_str("IMAGEGEN_MODEL_PATH", str(_default_model)))
 IMAGEGEN_MODEL_NAME = env_str("IMAGEGEN_MODEL_NAME", "shapes")
 IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.name)
 IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
+# Runtime levers for the per-step cost (bench/runtime_levers.py measures each on and off).
+IMAGEGEN_DTYPE = env_str("IMAGEGEN_DTYPE", "float32")  # float32 | bfloat16 | float16 (GPU)
+IMAGEGEN_ATTENTION = env_str("IMAGEGEN_ATTENTION", "sdpa")  # sdpa | classic
+IMAGEGEN_CHANNELS_LAST = env_bool("IMAGEGEN_CHANNELS_LAST", False)
+IMAGEGEN_COMPILE = env_bool("IMAGEGEN_COMPILE", False)
+IMAGEGEN_COMPILE_MODE = env_str("IMAGEGEN_COMPILE_MODE", "default")  # or max-autotune, reduce-overhead
+# Run each menu shape once at worker start (needed with torch.compile; cheap without).
+IMAGEGEN_WARM_UP = env_bool("IMAGEGEN_WARM_UP", IMAGEGEN_COMPILE)
+# "real" runs the diffusers pipeline; "simulated" sleeps by a cost model (gpu_tasks/simulated.py).
+IMAGEGEN_ACCELERATOR = env_str("IMAGEGEN_ACCELERATOR", "real")
+IMAGEGEN_SIM_STEP_MS = env_float("IMAGEGEN_SIM_STEP_MS", 40.0)
+IMAGEGEN_SIM_BATCH_MARGINAL = env_float("IMAGEGEN_SIM_BATCH_MARGINAL", 0.15)
 # Threads per worker process for torch on CPU; 0 leaves torch's default. One thread per
 # process measured 60x faster than the default when two processes share two cores.
 IMAGEGEN_TORCH_THREADS = env_int("IMAGEGEN_TORCH_THREADS", 1)
