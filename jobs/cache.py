@@ -49,7 +49,7 @@ def _servable(image_id: str):
     from jobs.models import GeneratedImage
     from jobs.storage import public_storage
 
-    image = GeneratedImage.objects.select_related("job").filter(id=image_id, tier="public", job__status="done").first()
+    image = GeneratedImage.objects.select_related("job").filter(id=image_id, tier="public", job__status="done", bytes_dropped=False, lost=False).first()
     if image is None:
         return None
     if image.verdicts.filter(stage="image").exclude(decision="allow").exists():

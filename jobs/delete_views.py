@@ -21,10 +21,19 @@ from jobs.views import JobDetail, own_job
 
 
 class JobDetailDelete(JobDetail):
-    """GET as before (jobs.views.JobDetail), plus DELETE."""
+    # GET as jobs.views.JobDetail (no docstring here, so its schema text is unchanged), plus DELETE.
 
-    @extend_schema(operation_id="jobs_destroy", summary="Delete a job and purge its images", request=None,
-                   responses={204: None})
+    @extend_schema(
+        operation_id="jobs_destroy",
+        summary="Delete a job and purge its images",
+        description=(
+            "Owner only (404 for anyone else). Cancels the job if it has not finished, deletes its images' "
+            "objects (public and private copies; an object still shared with another job through the "
+            "request-hash cache stays), purges their URLs from the CDN, and deletes the job. 204."
+        ),
+        request=None,
+        responses={204: None},
+    )
     def delete(self, request, job_id):
         job = own_job(request, job_id)
         if not job.is_terminal:

@@ -13,7 +13,7 @@ native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, para
 | held for a moderator (review)               | 400    | invalid_request_error / content_policy_review (job id in message) |
 | missing or wrong key                        | 401    | authentication_error / invalid_api_key        |
 | cancelled meanwhile (native cancel)         | 409    | invalid_request_error / job_cancelled         |
-| throttled / over quota                      | 429    | rate_limit_error / rate_limit_exceeded, Retry-After |
+| throttled / over an admission limit         | 429    | rate_limit_error / the limit's name (e.g. jobs_in_flight) or rate_limit_exceeded; Retry-After |
 | generation failed                           | 500    | server_error / generation_failed              |
 | database or queue down                      | 503    | server_error / service_unavailable, Retry-After |
 | not finished within the wait                | 504    | server_error / timeout (job keeps running; id in message) |

@@ -170,6 +170,16 @@ JOB_EVENT_SCHEMA = {
     },
 }
 
+SERVER_SENT_EVENT_SCHEMA = {
+    "type": "object",
+    "description": "One server-sent event as framed on the wire; `data` is the JSON text of a JobEvent.",
+    "properties": {
+        "event": {"type": "string", "enum": ["status", "progress", "preview"]},
+        "data": {"type": "string", "description": "JSON: a StatusEvent, ProgressEvent or PreviewEvent (see JobEvent)."},
+    },
+    "required": ["event", "data"],
+}
+
 SSE_DESCRIPTION = """\
 A `text/event-stream` (server-sent events) of the job's events, owner only. It starts with the
 current state (a `status` event, then the latest `progress` while running), follows live, and
@@ -195,6 +205,21 @@ data: {"type": "status", "job": "…", "status": "done", "reason": "", "images":
 
 The same events arrive as text frames on the websocket `/ws/jobs/{job_id}/`.
 """
+
+
+READINESS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "not ready"]},
+        "checks": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": 'Each part (database, redis, gpu_workers): "ok" or what is wrong.',
+        },
+        "failing": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["status", "checks", "failing"],
+}
 
 
 def _register(auto_schema, name: str, schema: dict) -> dict:
@@ -306,6 +331,13 @@ class ImagegenAutoSchema(AutoSchema):
         auth = self.get_auth()
         return bool(auth) and {} not in auth
 
+    def _error_shape(self, code: str) -> dict:
+        if self._is_openai():
+            name = "OpenAIError"
+        else:
+            name = "FieldErrors" if code == "400" else "ErrorDetail"
+        return _json({"$ref": SCHEMA_REF + name}, "")
+
     def _error_responses(self) -> dict:
         has_body = self.method in {"POST", "PUT", "PATCH"} and self.get_request_serializer() is not None
         has_path_params = "{" in self.path
@@ -345,13 +377,19 @@ class ImagegenAutoSchema(AutoSchema):
         _register(self, "ErrorDetail", DETAIL_SCHEMA)
         _register(self, "FieldErrors", FIELD_ERRORS_SCHEMA)
         _register(self, "OpenAIError", OPENAI_ERROR_SCHEMA)
-        for code, response in self._error_responses().items():
+        defaults = self._error_responses()
+        for code, response in defaults.items():
             if code in responses:
                 # Declared by the view: keep its body, add the headers.
                 if "headers" in response:
                     responses[code].setdefault("headers", {}).update(response["headers"])
                 continue
             responses[code] = response
+        for code, response in responses.items():
+            if code >= "400" and "content" not in response:
+                # An error declared with a description only: the API's error shape.
+                fallback = defaults.get(code) or self._error_shape(code)
+                response["content"] = fallback["content"]
         for code in ("429", "503"):
             if code in responses:
                 responses[code].setdefault("headers", {}).update(RETRY_AFTER)
@@ -361,7 +399,7 @@ class ImagegenAutoSchema(AutoSchema):
 # --- plain Django views ------------------------------------------------------------------------
 
 
-def _url_routes() -> dict[str, str]:
+def url_routes() -> dict[str, str]:
     """OpenAPI path -> URL name for every route in the URLconf."""
     from django.urls import URLPattern, URLResolver, get_resolver
 
@@ -386,10 +424,6 @@ def _url_routes() -> dict[str, str]:
 
     walk(get_resolver().url_patterns, "")
     return routes
-
-
-def url_routes() -> dict[str, str]:
-    return _url_routes()
 
 
 _JOB_ID = {
@@ -427,8 +461,8 @@ def _plain_operations() -> dict[str, dict]:
                 "tags": ["service"],
                 "security": [{}],
                 "responses": {
-                    "200": _json({"type": "object", "additionalProperties": True}, "Ready."),
-                    "503": _json({"type": "object", "additionalProperties": True}, "Not ready: names the failing part."),
+                    "200": _json({"$ref": SCHEMA_REF + "Readiness"}, "Ready."),
+                    "503": _json({"$ref": SCHEMA_REF + "Readiness"}, "Not ready: `failing` names the failing parts."),
                 },
             }
         },
@@ -437,6 +471,7 @@ def _plain_operations() -> dict[str, dict]:
                 "operationId": "metrics",
                 "summary": "Prometheus metrics",
                 "tags": ["service"],
+                "security": [{}],
                 "responses": {
                     "200": {"description": "Prometheus text exposition format.", "content": {"text/plain": {"schema": {"type": "string"}}}},
                 },
@@ -455,13 +490,15 @@ def _plain_operations() -> dict[str, dict]:
                         "description": "The event stream; ends after the terminal status.",
                         "content": {
                             "text/event-stream": {
-                                "schema": {"type": "string", "description": "`event:`/`data:` frames; `data:` is a JobEvent."},
-                                "x-event-schema": {"$ref": SCHEMA_REF + "JobEvent"},
+                                # Before OpenAPI 3.2 (itemSchema), `schema` describes one event.
+                                "schema": {"$ref": SCHEMA_REF + "ServerSentEvent"},
+                                "x-data-schema": {"$ref": SCHEMA_REF + "JobEvent"},
                             }
                         },
                     },
                     "401": _json(detail, "No or wrong credentials.", WWW_AUTHENTICATE),
                     "404": _json(detail, "No such job, or not yours."),
+                    "503": _json(detail, "The database or the queue is unavailable.", RETRY_AFTER),
                 },
             }
         },
@@ -487,6 +524,7 @@ def _plain_operations() -> dict[str, dict]:
                 "responses": {
                     "200": {"description": "The PNG.", "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
                     "404": {"description": "No such image.", "content": {"text/html": {"schema": {"type": "string"}}}},
+                    "503": _json(detail, "The database is unavailable.", RETRY_AFTER),
                 },
             }
         },
@@ -495,7 +533,7 @@ def _plain_operations() -> dict[str, dict]:
 
 def document_plain_views(result, generator, request, public):
     """Postprocessing hook: add the plain Django routes present in the URLconf and the event schemas."""
-    routes = _url_routes()
+    routes = url_routes()
     paths = result.setdefault("paths", {})
     for path, item in _plain_operations().items():
         if path in routes and path not in paths:
@@ -508,6 +546,8 @@ def document_plain_views(result, generator, request, public):
         ("ProgressEvent", PROGRESS_EVENT_SCHEMA),
         ("PreviewEvent", PREVIEW_EVENT_SCHEMA),
         ("JobEvent", JOB_EVENT_SCHEMA),
+        ("ServerSentEvent", SERVER_SENT_EVENT_SCHEMA),
+        *((("Readiness", READINESS_SCHEMA),) if "/readyz" in paths else ()),
     ):
         schemas.setdefault(name, schema)
     result["components"]["schemas"] = dict(sorted(schemas.items()))

@@ -182,6 +182,9 @@ def serve_image(request, key: str):
     storage = public_storage()
     if not storage.exists(storage_key):
         raise Http404("no such image")
+    from jobs.retention import count_view
+
+    count_view(storage_key)
     response = FileResponse(storage.open(storage_key, "rb"), content_type="image/png")
     from django.conf import settings
 

