@@ -12,11 +12,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from gpu_tasks import scheduler
-from gpu_tasks.event_pump import pump
+from gpu_tasks.pipeline import Row, encode_png, get_model
 from gpu_tasks.worker import record_busy
 from imagegen import metrics
-from gpu_tasks.pipeline import Row, encode_png, get_model
-from jobs import actions
+from jobs import actions, events
 from jobs.models import Batch, GeneratedImage, GenerationJob, JobStatus
 from jobs.storage import delete_quietly, public_storage, quarantine_storage, store_bytes
 from safety import image_gate
@@ -98,7 +97,7 @@ def run_batch(model_name: str) -> str | None:
         if not live:
             return True
         for job_id in live:
-            pump.publish(job_id, {"type": "progress", "step": step, "total": total})
+            events.publish(job_id, {"type": "progress", "step": step, "total": total})
         now = time.monotonic()
         if now - last_renew > min(2.0, settings.IMAGEGEN_LEASE_SECONDS / 3):
             actions.renew_leases(live)
@@ -115,7 +114,7 @@ def run_batch(model_name: str) -> str | None:
                 first_row.setdefault(row.job_id, i)
             for job_id in live:
                 image = model.preview(latents, first_row[job_id], batch.width, batch.height)
-                pump.publish(job_id, {"type": "preview", "step": step, "image": image})
+                events.publish(job_id, {"type": "preview", "step": step, "image": image})
                 if job_id not in previewed:
                     previewed.add(job_id)
                     metrics.observe("imagegen_time_to_first_preview_seconds", time.time() - created[job_id])
@@ -126,7 +125,6 @@ def run_batch(model_name: str) -> str | None:
     try:
         images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
     except Exception as exc:
-        pump.flush()
         log.exception("batch %s failed", batch_id)
         for job in jobs:
             actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
@@ -141,7 +139,6 @@ def run_batch(model_name: str) -> str | None:
     metrics.observe("imagegen_batch_fill", len(rows) / batch.cap if batch.cap else 0)
     if images is not None:
         metrics.inc("imagegen_images_generated_total", len(images), model=batch.model_version)
-    pump.flush()  # progress and previews go out before any final status
     if images is None:  # every job in the batch was cancelled: the loop stopped early
         return batch_id
 
@@ -227,7 +224,7 @@ def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None
         cache.remember(job)
         if job.status == JobStatus.DONE:
             metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
-        pump.publish(job.id, status_event(job))
+        events.publish(job.id, status_event(job))
 
 
 def _record(job, made, stored, status, stage, reason, storage, gate_error) -> None:

@@ -209,7 +209,8 @@ CELERY_BEAT_SCHEDULE = {
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 1000, "expiry": 120},
+        # redis-py's default 5 s read timeout races channels_redis's 5 s blocking receive.
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "capacity": 1000, "expiry": 120},
     }
 }
 

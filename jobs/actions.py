@@ -122,10 +122,10 @@ def _finish_from_cache(job: GenerationJob, cached: dict) -> None:
 
 
 def _publish_status(job: GenerationJob) -> None:
-    from gpu_tasks.event_pump import pump
+    from jobs import events
     from jobs.serializers import status_event
 
-    pump.publish(job.id, status_event(job))
+    events.publish(job.id, status_event(job))
 
 
 def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-from asgiref.sync import sync_to_async
 from django.http import JsonResponse, StreamingHttpResponse
 
 from jobs.realtime import TERMINAL, EventOrder, authenticate_header_or_session, current_events, job_hub, owned_job

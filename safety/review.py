@@ -11,7 +11,7 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from gpu_tasks.event_pump import pump
+from jobs import events
 from jobs import actions
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.purge import take_down
@@ -53,7 +53,7 @@ def _publish(job_id) -> None:
     from jobs.serializers import status_event
 
     job = GenerationJob.objects.prefetch_related("images").get(id=job_id)
-    pump.publish(job.id, status_event(job))
+    events.publish(job.id, status_event(job))
 
 
 def _publish_images(job: GenerationJob) -> None:

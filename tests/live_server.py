@@ -50,11 +50,11 @@ class LiveServer:
 
 def start_daphne(env: dict, log_dir: Path, name: str = "daphne", collectstatic: bool = True) -> LiveServer:
     if collectstatic:
-        # Whitenoise serves STATIC_ROOT (collected), as in `make run`.
-        subprocess.run(
-            [sys.executable, "manage.py", "collectstatic", "--noinput", "-v", "0"],
-            cwd=ROOT, env=env, check=True,
-        )
+        # Whitenoise serves STATIC_ROOT (collected), as in `make run`. In process: the test
+        # settings and daphne share IMAGEGEN_VAR_DIR, so STATIC_ROOT is the same folder.
+        from django.core.management import call_command
+
+        call_command("collectstatic", interactive=False, verbosity=0)
     port = free_port()
     log_path = log_dir / f"{name}-{port}.log"
     log = open(log_path, "ab")

@@ -54,6 +54,7 @@ def test_sign_in_submit_watch_the_preview_and_see_the_final_image(workers, daphn
     page.get_by_label("Password").fill("wrong")
     page.get_by_role("button", name="Sign in").click()
     assert page.get_by_role("alert").is_visible()
+    page.screenshot(path=str(ARTIFACTS / "login_page.png"))
     page.get_by_label("Username").fill("alice")
     page.get_by_label("Password").fill("alice-pw")
     page.get_by_role("button", name="Sign in").click()
