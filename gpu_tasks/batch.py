@@ -28,22 +28,16 @@ GATE_TRIES = 3
 
 
 def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
-    """Take a batch from the scheduler, waiting at most FILL_WAIT for a partial one to fill."""
+    """Take a batch from the scheduler and claim it at once; a partial batch then waits at most
+    FILL_WAIT for more of its shape, claiming each arrival as it is taken. (Claiming right after
+    taking keeps the window in which a job is neither in Redis nor running to milliseconds, so
+    the reaper's rebuild does not re-enqueue work that a worker is about to run.)"""
     taken = scheduler.take(model_name)
     if taken is None:
         return None
     shape = taken.shape
     info = scheduler.parse_shape(shape)
     cap = scheduler.cap_for(info["width"], info["height"])
-    entries = list(taken.entries)
-    images = taken.images
-    deadline = time.monotonic() + settings.IMAGEGEN_FILL_WAIT
-    while images < cap and time.monotonic() < deadline:
-        time.sleep(0.02)
-        more = scheduler.take(model_name, only_shape=shape, max_images=cap - images)
-        if more is not None:
-            entries.extend(more.entries)
-            images += more.images
     batch = Batch.objects.create(
         model_version=info["model_version"],
         width=info["width"],
@@ -55,18 +49,32 @@ def take_and_claim(model_name: str) -> tuple[str, list[GenerationJob]] | None:
         cap=cap,
         worker=WORKER_ID,
     )
-    jobs = actions.claim_batch([e.job_id for e in entries], batch.id)
+    counts: dict[str, int] = {}
+    jobs: dict[str, GenerationJob] = {}
+
+    def claim(entries) -> None:
+        fresh = [e for e in entries if e.job_id not in jobs]
+        for job in actions.claim_batch([e.job_id for e in fresh], batch.id):
+            jobs[str(job.id)] = job
+            counts[str(job.id)] = next(e.count for e in fresh if e.job_id == str(job.id))
+
+    claim(taken.entries)
+    deadline = time.monotonic() + settings.IMAGEGEN_FILL_WAIT
+    while sum(counts.values()) < cap and time.monotonic() < deadline:
+        time.sleep(0.02)
+        more = scheduler.take(model_name, only_shape=shape, max_images=cap - sum(counts.values()))
+        if more is not None:
+            claim(more.entries)
     if not jobs:
         batch.delete()
         return None
-    for job in jobs:
+    for job in jobs.values():
         if job.queue_wait_seconds is not None:
             metrics.observe("imagegen_queue_wait_seconds", job.queue_wait_seconds)
     metrics.inc("imagegen_attempts_total", len(jobs))
-    claimed = {str(job.id) for job in jobs}
-    batch.size = sum(e.count for e in entries if e.job_id in claimed)
+    batch.size = sum(counts.values())
     batch.save(update_fields=["size"])
-    return str(batch.id), jobs
+    return str(batch.id), list(jobs.values())
 
 
 def run_batch(model_name: str) -> str | None:
