@@ -91,9 +91,11 @@ class ImagegenCollector:
         from safety.review import review_queue
         from safety.models import SafetyVerdict
 
-        outcomes = CounterMetricFamily("imagegen_jobs", "Jobs by status (terminal statuses are outcomes)", labels=["status"])
-        for row in GenerationJob.objects.values("status").annotate(n=Count("id")):
-            outcomes.add_metric([row["status"]], row["n"])
+        outcomes = CounterMetricFamily(
+            "imagegen_jobs", "Jobs by status and model version (terminal statuses are outcomes)", labels=["status", "version"]
+        )
+        for row in GenerationJob.objects.values("status", "model_version").annotate(n=Count("id")):
+            outcomes.add_metric([row["status"], row["model_version"]], row["n"])
         yield outcomes
         decisions = CounterMetricFamily("imagegen_safety_decisions", "Safety verdicts", labels=["stage", "category", "decision"])
         for row in SafetyVerdict.objects.values("stage", "category", "decision").annotate(n=Count("id")):

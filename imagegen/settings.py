@@ -117,6 +117,11 @@ IMAGEGEN_MODEL_PATH = Path(env_str("IMAGEGEN_MODEL_PATH", str(_default_model)))
 # The model's name picks its GPU queue (gpu.<name>); the version is recorded on every job.
 IMAGEGEN_MODEL_NAME = env_str("IMAGEGEN_MODEL_NAME", "shapes")
 IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.name)
+# Canary rollout: a share of new jobs goes to another version of the model, served by workers
+# started with that version's path on the queue gpu.<name>@<version>. `manage.py rollout`
+# compares the versions and moves queued jobs between them (promote / roll back).
+IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", "")
+IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.0)
 IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
 # Runtime levers for the per-step cost (bench/runtime_levers.py measures each on and off).
 IMAGEGEN_DTYPE = env_str("IMAGEGEN_DTYPE", "float32")  # float32 | bfloat16 | float16 (GPU)

@@ -30,6 +30,23 @@ def shape_of(job: GenerationJob) -> str:
     )
 
 
+def lane_of(model_version: str) -> str:
+    """The scheduling lane (and GPU queue suffix) of a model version: the model's name for the
+    version this deployment serves, name@version for any other (a canary, or a version being
+    drained)."""
+    if model_version == settings.IMAGEGEN_MODEL_VERSION:
+        return settings.IMAGEGEN_MODEL_NAME
+    return f"{settings.IMAGEGEN_MODEL_NAME}@{model_version}"
+
+
+def pick_version(job_id) -> str:
+    """The canary takes IMAGEGEN_CANARY_SHARE of new jobs, chosen by the job id (stable)."""
+    share = settings.IMAGEGEN_CANARY_SHARE
+    if settings.IMAGEGEN_CANARY_VERSION and share > 0 and (job_id.int % 10_000) / 10_000 < share:
+        return settings.IMAGEGEN_CANARY_VERSION
+    return settings.IMAGEGEN_MODEL_VERSION
+
+
 def gpu_queue(model_name: str) -> str:
     return settings.QUEUE_GPU_PREFIX + model_name
 
@@ -63,9 +80,9 @@ def submit_job(owner, data: dict) -> GenerationJob:
         guidance_scale=data["guidance_scale"],
         seed=seed,
         count=data["count"],
-        model_version=settings.IMAGEGEN_MODEL_VERSION,
         progress_total=data["steps"],
     )
+    job.model_version = pick_version(job.id)
     cached = cache.lookup(job)
     job.estimate = None
     if len(cached) < job.count:
@@ -194,8 +211,9 @@ def images_to_make(job: GenerationJob) -> int:
 
 
 def _enqueue(job: GenerationJob, enqueued_at: float) -> None:
-    scheduler.enqueue(settings.IMAGEGEN_MODEL_NAME, shape_of(job), str(job.id), images_to_make(job), enqueued_at)
-    send_batch_token(settings.IMAGEGEN_MODEL_NAME)
+    lane = lane_of(job.model_version)
+    scheduler.enqueue(lane, shape_of(job), str(job.id), images_to_make(job), enqueued_at)
+    send_batch_token(lane)
 
 
 def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
@@ -260,6 +278,25 @@ def requeue_expired(now=None) -> dict:
             _enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
             requeued += 1
     return {"requeued": requeued, "failed": failed}
+
+
+def move_queued(from_version: str, to_version: str) -> int:
+    """Promote or roll back: queued jobs of one version go to another, keeping their place in
+    the queue (their admission time). Running jobs finish where they are."""
+    moved = 0
+    for job in GenerationJob.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.REVIEW], model_version=from_version):
+        with transaction.atomic():
+            updated = GenerationJob.objects.filter(
+                id=job.id, status=job.status, model_version=from_version
+            ).update(model_version=to_version)
+        if not updated:
+            continue
+        moved += 1
+        if job.status == JobStatus.QUEUED and job.scheduled_at is not None:
+            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+            job.model_version = to_version
+            _enqueue(job, job.scheduled_at.timestamp())
+    return moved
 
 
 def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> dict:

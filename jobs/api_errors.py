@@ -38,6 +38,14 @@ def _redis_error_class():
     return RedisError
 
 
+def _is_broker_error(exc: BaseException) -> bool:
+    try:
+        from kombu.exceptions import OperationalError
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, OperationalError)
+
+
 def _is_nul_error(exc: BaseException) -> bool:
     # psycopg: "A string literal cannot contain NUL (0x00) characters."
     return isinstance(exc, ValueError) and "NUL (0x00)" in str(exc)
@@ -51,6 +59,12 @@ def classify(exc: BaseException, request=None) -> tuple[int, str] | None:
     redis_error = _redis_error_class()
     if redis_error and isinstance(exc, redis_error):
         log.error("redis unavailable: %s", exc)
+        return 503, REDIS_DOWN
+    if _is_broker_error(exc):
+        # The task could not be sent (broker down, e.g. RabbitMQ while Redis is up). NB: when
+        # this comes from an on_commit hook the job row is already committed; the reaper
+        # re-sends its prompt check (jobs.actions.rebuild_scheduler_state).
+        log.error("broker unavailable: %s", exc)
         return 503, REDIS_DOWN
     if isinstance(exc, DjangoValidationError):
         # A value that passed the view but not the model field: in this API only a forged or
