@@ -8,7 +8,8 @@ import socket
 import time
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
+from redis.exceptions import RedisError
 from django.utils import timezone
 
 from gpu_tasks import scheduler
@@ -100,7 +101,10 @@ def run_batch(model_name: str) -> str | None:
 
     def on_step(step: int, total: int, latents) -> bool:
         nonlocal last_renew, last_preview
-        cancelled.update(scheduler.cancelled_among([j for j in job_ids if j not in cancelled]))
+        try:
+            cancelled.update(scheduler.cancelled_among([j for j in job_ids if j not in cancelled]))
+        except RedisError:
+            pass  # Redis is away: keep denoising; cancels are seen when it is back (or at delivery)
         live = [j for j in job_ids if j not in cancelled]
         if not live:
             return True
@@ -132,8 +136,15 @@ def run_batch(model_name: str) -> str | None:
     wall_started = time.time()
     try:
         images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
+    except (RedisError, DatabaseError) as exc:
+        # Infrastructure, not the job: hand the jobs back to the reaper (lease ends now), so they
+        # are requeued and generated again instead of failing for something they did not do.
+        log.warning("batch %s interrupted by %s; returning its jobs to the queue", batch_id, type(exc).__name__,
+                    extra={"batch_id": batch_id, "stage": "generate"})
+        GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING).update(lease_expires_at=timezone.now())
+        return batch_id
     except Exception as exc:
-        log.exception("batch %s failed", batch_id)
+        log.exception("batch %s failed", batch_id, extra={"batch_id": batch_id, "stage": "generate"})
         for job in jobs:
             actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
         _close_batch(batch, 0, time.monotonic() - started)

@@ -102,7 +102,9 @@ def submit_job(owner, data: dict) -> GenerationJob:
         else:
             job.save()
             _attach_cached(job, cached)
-            transaction.on_commit(lambda: check_prompt.delay(str(job.id)))
+            # Robust: a broker outage must not turn an accepted (committed) job into an error
+            # answer that invites a duplicate; the reaper re-sends lost prompt checks.
+            transaction.on_commit(lambda: check_prompt.delay(str(job.id)), robust=True)
     return job
 
 

@@ -99,6 +99,7 @@ def store_bytes(data: bytes, storage: Storage) -> StoredObject:
             break
         except Exception as exc:
             if attempt >= attempts or not is_transient(exc):
+                delete_quietly(key, storage)  # never leave a half-written object behind
                 raise
             delay = backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
             log.warning("upload of %s failed (%s: %s), attempt %d of %d; retrying in %.2fs",

@@ -78,3 +78,40 @@ class Stack:
             self.stop(name)
         if self.redis is not None:
             self.redis.terminate()
+
+    # --- added for the fault suite (bench/reliability.py); nothing above changed ---
+
+    def redis_port(self) -> int:
+        return int(self.env["REDIS_URL"].rsplit(":", 1)[1].split("/")[0])
+
+    def restart_redis(self, down_seconds: float = 0.0) -> None:
+        """Kill the private Redis (state, broker queues and channel layer all lost) and start a
+        new, empty one on the same port, as a crashed and restarted Redis without persistence."""
+        if self.redis is None:
+            raise RuntimeError("REDIS_URL points at an external Redis: the stack cannot restart it")
+        from scripts.private_redis import start
+
+        port = self.redis_port()
+        self.redis.kill()
+        self.redis.wait()
+        time.sleep(down_seconds)
+        self.redis, _ = start(self.var / "redis", port=port)
+
+    def start_web_with(self, port: int, **env: str) -> subprocess.Popen:
+        """start_web with extra environment for the web process only (e.g. admission limits)."""
+        log = open(self.var / "web.log", "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "imagegen.asgi:application"],
+                                cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs["web"] = proc
+        return proc
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the process group of a started process, as a lost host would."""
+        proc = self.procs.pop(name, None)
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
