@@ -1,6 +1,6 @@
 """Benchmark: many concurrent websocket watchers on running jobs.
 
-    .venv/bin/python bench/websocket_watchers.py [--watchers 50] [--jobs 8] [--steps 60] [--publish pump|direct]
+    .venv/bin/python bench/websocket_watchers.py [--watchers 50] [--jobs 8] [--steps 60]
     .venv/bin/python bench/websocket_watchers.py --url http://127.0.0.1:8000 --token TOKEN
 
 Without --url the script starts everything itself, like the tests: a private Redis, a temp
@@ -45,39 +45,11 @@ TERMINAL = {"done", "blocked", "failed", "cancelled"}
 LOAD_BEFORE = (0.0, 0.0, 0.0)
 
 
-# The GPU worker publishes step events through gpu_tasks/event_pump.py, which does not yet
-# stamp `sent_at` (jobs/events.py `stamp()` does, for events sent with jobs.events.publish).
-# Until the pump calls stamp(), the self-started worker stamps progress events as they enter
-# the pump: the time the step callback made them, so the pump's queue counts in the latency.
+# The self-started GPU worker runs through this shim only to allow a switch-interval experiment.
 GPU_WORKER_SHIM = """
-import os, sys, time
+import os, sys
 if os.environ.get("BENCH_SWITCH_INTERVAL"):
     sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
-try:
-    from gpu_tasks import event_pump
-except ImportError:
-    event_pump = None
-if event_pump is not None:
-    _publish = event_pump.EventPump.publish
-    def publish(self, job_id, event):
-        if event.get("type") == "progress" and "sent_at" not in event:
-            event = {**event, "sent_at": time.time()}
-        if os.environ.get("BENCH_SYNC_PUBLISH"):
-            # Experiment: send in the step callback through jobs.events.publish (one
-            # long-lived loop, the caller waits) instead of the pump's queue.
-            from jobs.events import publish as send_now
-            return send_now(job_id, event)
-        return _publish(self, job_id, event)
-    event_pump.EventPump.publish = publish
-    # Diagnostic: when the pump thread hands the event to the channel layer.
-    from channels_redis.core import RedisChannelLayer
-    _group_send = RedisChannelLayer.group_send
-    async def group_send(self, group, message):
-        event = message.get("event")
-        if isinstance(event, dict) and event.get("type") == "progress":
-            message = {**message, "event": {**event, "pumped_at": time.time()}}
-        return await _group_send(self, group, message)
-    RedisChannelLayer.group_send = group_send
 from celery.__main__ import main
 sys.argv[0] = "celery"
 sys.exit(main())
@@ -168,7 +140,6 @@ class Watcher:
         self.job_id = job_id
         self.latencies_ms: list[float] = []
         self.receipts: list[tuple[int, float, float]] = []  # (step, sent_at, received)
-        self.queued_ms: list[float] = []  # sent_at -> the worker's pump hands it to Redis
         self.steps: list[int] = []
         self.total = 0
         self.final = None
@@ -202,8 +173,6 @@ class Watcher:
                         if "sent_at" in event and not replayed:
                             self.latencies_ms.append((received - event["sent_at"]) * 1000.0)
                             self.receipts.append((event["step"], event["sent_at"], received))
-                            if "pumped_at" in event:
-                                self.queued_ms.append((event["pumped_at"] - event["sent_at"]) * 1000.0)
                     elif event["type"] == "preview":
                         self.previews += 1
         except Exception as exc:  # noqa: BLE001 - reported per watcher
@@ -257,7 +226,6 @@ async def bench(args, base_url: str, token: str, service: Service | None) -> dic
             key = (w.job_id, step)
             first[key] = min(first.get(key, received), received)
     to_first = [(first[(w.job_id, s)] - sent) * 1000.0 for w in watchers for s, sent, _ in w.receipts]
-    queued = [v for w in watchers for v in w.queued_ms]
     fan_out = [(r - first[(w.job_id, s)]) * 1000.0 for w in watchers for s, _, r in w.receipts]
     batches = {}
     for job in final_jobs:
@@ -281,7 +249,6 @@ async def bench(args, base_url: str, token: str, service: Service | None) -> dic
         },
         "latency_to_first_watcher_ms": {"p50": round(percentile(to_first, 50), 2), "p99": round(percentile(to_first, 99), 2)},
         "fan_out_after_first_watcher_ms": {"p50": round(percentile(fan_out, 50), 2), "p99": round(percentile(fan_out, 99), 2)},
-        "in_worker_pump_queue_ms": {"p50": round(percentile(queued, 50), 2), "p99": round(percentile(queued, 99), 2)},
         "load_average_before": list(LOAD_BEFORE),
         "load_average_after": list(os.getloadavg()),
         "lost_steps_total": sum(w.lost for w in watchers),
@@ -300,11 +267,6 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--size", default="64x64")
     parser.add_argument("--timeout", type=float, default=180.0)
-    parser.add_argument(
-        "--publish", choices=["pump", "direct"], default="pump",
-        help="self-started worker only: pump = the worker as it is (gpu_tasks/event_pump.py queue and "
-        "thread); direct = send each event in the step callback with jobs.events.publish",
-    )
     parser.add_argument("--url", help="an already running service (then --token is needed)")
     parser.add_argument("--token")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "websocket_watchers.json"))
@@ -321,8 +283,6 @@ def main() -> int:
             base_url, token = args.url.rstrip("/"), args.token
         else:
             print("starting redis, daphne and a cpu worker...", flush=True)
-            if args.publish == "direct":
-                os.environ["BENCH_SYNC_PUBLISH"] = "1"
             service = Service()
             base_url, token = service.url, service.token
         result = asyncio.run(bench(args, base_url, token, service))
@@ -343,7 +303,6 @@ def main() -> int:
         ("progress events received", str(result["progress_events_received"])),
         ("latency p50 / p90 / p99 / max (ms)", f"{lat['p50']} / {lat['p90']} / {lat['p99']} / {lat['max']}"),
         ("  of which to the first watcher p50 / p99", f"{result['latency_to_first_watcher_ms']['p50']} / {result['latency_to_first_watcher_ms']['p99']}"),
-        ("  in the worker's event pump p50 / p99", f"{result['in_worker_pump_queue_ms']['p50']} / {result['in_worker_pump_queue_ms']['p99']}"),
         ("  of which fan-out after it p50 / p99", f"{result['fan_out_after_first_watcher_ms']['p50']} / {result['fan_out_after_first_watcher_ms']['p99']}"),
         ("load average before / after (1 min)", f"{result['load_average_before'][0]:.2f} / {result['load_average_after'][0]:.2f}"),
         ("steps lost (watchers with losses)", f"{result['lost_steps_total']} ({result['watchers_with_losses']})"),
@@ -363,7 +322,7 @@ def main() -> int:
     # One entry per mode in the results file, so both figures stay side by side.
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    mode = "url" if args.url else args.publish
+    mode = "url" if args.url else "self-started"
     try:
         previous = json.loads(out.read_text())
         runs = previous.get("runs", {}) if isinstance(previous, dict) else {}
