@@ -100,6 +100,12 @@ def main() -> int:
             if not (model_path / "model_index.json").exists():
                 log("no trained model shipped: writing a tiny random pipeline (it makes noise)")
                 manage("make_tiny_pipeline", str(model_path), env=env)
+        classifier = ROOT / "models" / "shapes-classifier-v1"
+        if not env.get("IMAGEGEN_IMAGE_CLASSIFIER") and not (classifier / "config.json").exists():
+            # Said explicitly, and on every verdict ("unchecked"); the service itself never
+            # falls back on its own: an unset or broken classifier setting fails closed.
+            env["IMAGEGEN_IMAGE_CLASSIFIER"] = "none"
+            log("no shipped image classifier: running with IMAGEGEN_IMAGE_CLASSIFIER=none (verdicts say unchecked)")
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", env=env)
         token = manage("issue_token", "demo", "--password", "demo", env=env).strip().splitlines()[-1]
