@@ -332,7 +332,8 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
             el = time.time() - t0
             log(f"unet step {done}/{args.steps} loss {loss.item():.4f} avg {loss_avg:.4f} "
                 f"lr {sched.get_last_lr()[0]:.2e} {el / (done - start):.3f}s/step")
-        if done % args.ckpt_every == 0 or done == args.steps:
+        out_of_time = args.max_minutes > 0 and time.time() - t_start > 60 * args.max_minutes
+        if done % args.ckpt_every == 0 or done == args.steps or out_of_time:
             meta = dict(vars(args), unet_step=done, total_wall_s=round(time.time() - t_start, 1),
                         unet_s_per_step=round((time.time() - t0) / (done - start), 3),
                         default_inference_steps=DEFAULT_STEPS, default_guidance_scale=DEFAULT_GUIDANCE,
@@ -343,6 +344,9 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
                             torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done),
                        state_path)
             log(f"checkpoint saved at step {done} -> {out}")
+        if out_of_time:
+            log(f"stopping early at step {done}: --max-minutes {args.max_minutes} reached")
+            break
     return ema_unet, ema_te
 
 
@@ -367,6 +371,7 @@ def main(argv=None):
     p.add_argument("--te-hidden", type=int, default=128)
     p.add_argument("--te-layers", type=int, default=3)
     p.add_argument("--ckpt-every", type=int, default=250)
+    p.add_argument("--max-minutes", type=float, default=0, help="save and stop after this wall time (0: no limit)")
     p.add_argument("--state", default="/tmp/shapes_train_state.pt")
     p.add_argument("--resume", action="store_true")
     p.add_argument("--fp32", action="store_true", help="save fp32 weights (default fp16 on disk)")

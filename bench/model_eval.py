@@ -1,0 +1,180 @@
+"""Evaluate the shipped text-to-image model on held-out single-shape captions.
+
+    python bench/model_eval.py --model models/shapes-v1
+
+200 single-shape captions from the procedural generator with a seed disjoint from training
+(EVAL_SEED; training used seed 1234), generated at the default 20 steps, guidance 6.0, 64x64.
+Judging by pixel statistics, with the named palette of training/shapes_data.py:
+  * background colour = the most frequent nearest-palette colour of the border pixels;
+  * shape colour = the most frequent nearest-palette colour among the non-background pixels
+    (at least MIN_SHAPE_PIXELS of them, else "none");
+  * shape kind = argmax of the shipped shapes classifier (models/shapes-classifier-v1), which is
+    trained only on the generator's own ground truth (plus VAE round trips), not on generations.
+Bars (issue 8): shape colour AND background colour correct in >= 85% of images; kind >= 70%.
+Writes bench/results/model_eval.json and bench/results/contact_sheet.png (first 16 samples).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+
+from training.shapes_data import COLOURS, COLOUR_NAMES, caption_for, random_gt  # noqa: E402
+
+EVAL_SEED = 20261130
+MIN_SHAPE_PIXELS = 12
+PALETTE = np.array([COLOURS[n] for n in COLOUR_NAMES], np.float32)
+
+
+def eval_captions(n: int, seed: int = EVAL_SEED):
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, i])
+        gt = random_gt(rng, n_shapes=1)
+        out.append((caption_for(gt, bool(rng.random() >= 0.3)), gt))
+    return out
+
+
+def nearest_palette(img: np.ndarray) -> np.ndarray:
+    d = ((img[..., None, :].astype(np.float32) - PALETTE) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+def judge_colours(img: np.ndarray) -> tuple[str, str]:
+    lab = nearest_palette(img)
+    border = np.concatenate([lab[0], lab[-1], lab[:, 0], lab[:, -1]])
+    bg = Counter(border.tolist()).most_common(1)[0][0]
+    rest = lab[lab != bg]
+    if len(rest) < MIN_SHAPE_PIXELS:
+        return "none", COLOUR_NAMES[bg]
+    fg = Counter(rest.tolist()).most_common(1)[0][0]
+    return COLOUR_NAMES[fg], COLOUR_NAMES[bg]
+
+
+def contact_sheet(images, captions, judged, path: Path, scale=3, cols=4):
+    font = ImageFont.load_default()
+    tile_w = 64 * scale
+    text_h = 52
+    rows = (len(images) + cols - 1) // cols
+    sheet = Image.new("RGB", (cols * (tile_w + 8) + 8, rows * (tile_w + text_h + 8) + 8), (255, 255, 255))
+    draw = ImageDraw.Draw(sheet)
+    for k, (im, cap, jd) in enumerate(zip(images, captions, judged)):
+        x = 8 + (k % cols) * (tile_w + 8)
+        y = 8 + (k // cols) * (tile_w + text_h + 8)
+        sheet.paste(im.resize((tile_w, tile_w), Image.NEAREST), (x, y))
+        words, lines, cur = cap.split(), [], ""
+        for w in words:
+            if len(cur) + len(w) + 1 > 31:
+                lines.append(cur)
+                cur = w
+            else:
+                cur = (cur + " " + w).strip()
+        lines.append(cur)
+        for j, line in enumerate(lines[:3]):
+            draw.text((x, y + tile_w + 2 + 12 * j), line, fill=(0, 0, 0), font=font)
+        draw.text((x, y + tile_w + 2 + 12 * 3), jd, fill=(0, 110, 0) if jd.startswith("ok") else (190, 0, 0),
+                  font=font)
+    sheet.save(path)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="models/shapes-v1")
+    p.add_argument("--classifier", default="models/shapes-classifier-v1")
+    p.add_argument("--n", type=int, default=200)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--guidance", type=float, default=6.0)
+    p.add_argument("--batch", type=int, default=50)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from diffusers import AutoPipelineForText2Image
+    from safety.shapes_classifier import ShapesClassifier
+
+    pipe = AutoPipelineForText2Image.from_pretrained(args.model, local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    clf = ShapesClassifier.from_pretrained(args.classifier)
+    items = eval_captions(args.n)
+    images: list[Image.Image] = []
+    t0 = time.time()
+    for s in range(0, len(items), args.batch):
+        chunk = items[s:s + args.batch]
+        gens = [torch.Generator().manual_seed(EVAL_SEED + s + i) for i in range(len(chunk))]
+        out = pipe(prompt=[c for c, _ in chunk], num_inference_steps=args.steps, guidance_scale=args.guidance,
+                   height=64, width=64, generator=gens)
+        images.extend(out.images)
+    gen_s = time.time() - t0
+    scores = clf.scores(images)
+
+    rows, per_kind, per_colour, per_bg = [], defaultdict(list), defaultdict(list), defaultdict(list)
+    for (cap, gt), im, sc in zip(items, images, scores):
+        sh = gt.shapes[0]
+        fg, bg = judge_colours(np.asarray(im.convert("RGB")))
+        kind = max(sc, key=sc.get)
+        r = dict(caption=cap, want_colour=sh.colour, want_background=gt.background, want_kind=sh.kind,
+                 got_colour=fg, got_background=bg, got_kind=kind, kind_score=round(sc[kind], 3),
+                 colour_ok=fg == sh.colour, background_ok=bg == gt.background, kind_ok=kind == sh.kind)
+        r["colours_ok"] = r["colour_ok"] and r["background_ok"]
+        r["all_ok"] = r["colours_ok"] and r["kind_ok"]
+        rows.append(r)
+        per_kind[sh.kind].append(r["kind_ok"])
+        per_colour[sh.colour].append(r["colour_ok"])
+        per_bg[gt.background].append(r["background_ok"])
+
+    def frac(key):
+        return round(float(np.mean([r[key] for r in rows])), 4)
+
+    res = {
+        "command": "python bench/model_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "model": args.model, "classifier": args.classifier, "n_captions": len(rows),
+        "captions": "single-shape, held-out generator seed %d (training seed 1234)" % EVAL_SEED,
+        "num_inference_steps": args.steps, "guidance_scale": args.guidance, "size": "64x64",
+        "scheduler": type(pipe.scheduler).__name__,
+        "shape_colour_accuracy": frac("colour_ok"), "background_colour_accuracy": frac("background_ok"),
+        "shape_and_background_colour_accuracy": frac("colours_ok"),
+        "shape_kind_accuracy": frac("kind_ok"), "all_correct": frac("all_ok"),
+        "bars": {"shape_and_background_colour_accuracy": 0.85, "shape_kind_accuracy": 0.70},
+        "per_kind_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_kind.items())},
+        "per_shape_colour_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_colour.items())},
+        "per_background_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_bg.items())},
+        "kind_confusion": dict(Counter(f"{r['want_kind']}->{r['got_kind']}" for r in rows if not r["kind_ok"])),
+        "generation_wall_s": round(gen_s, 1), "s_per_image": round(gen_s / len(rows), 3),
+        "threads": args.threads,
+    }
+    star_p = np.array([sc["star"] for sc in scores])
+    heart_p = np.array([sc["heart"] for sc in scores])
+    is_star = np.array([r["want_kind"] == "star" for r in rows])
+    is_heart = np.array([r["want_kind"] == "heart" for r in rows])
+    res["classifier_on_generated"] = {
+        "note": "ground truth = the caption's kind, so this mixes generator and classifier errors",
+        "top1_agrees_with_caption": res["shape_kind_accuracy"],
+        "star_score_ge_0.5_on_star_captions": round(float((star_p[is_star] >= 0.5).mean()), 3),
+        "star_score_ge_0.5_on_other_captions": round(float((star_p[~is_star] >= 0.5).mean()), 3),
+        "heart_score_ge_0.5_on_heart_captions": round(float((heart_p[is_heart] >= 0.5).mean()), 3),
+        "heart_score_ge_0.5_on_other_captions": round(float((heart_p[~is_heart] >= 0.5).mean()), 3),
+    }
+    res["pass"] = (res["shape_and_background_colour_accuracy"] >= 0.85 and res["shape_kind_accuracy"] >= 0.70)
+    res["samples"] = rows[:40]
+    outdir = Path(args.out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "model_eval.json").write_text(json.dumps(res, indent=1))
+    judged = [("ok " if r["all_ok"] else "got ") + f"{r['got_colour']} {r['got_kind']} / {r['got_background']}"
+              for r in rows[:16]]
+    contact_sheet(images[:16], [r["caption"] for r in rows[:16]], judged, outdir / "contact_sheet.png")
+    print(json.dumps({k: v for k, v in res.items() if k != "samples"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
