@@ -33,7 +33,7 @@ def test_a_job_runs_end_to_end_over_a_rabbitmq_broker(worker_env, start_worker, 
     start_worker("amqp-cpu", "cpu-amqp,io-amqp", **env)
     start_worker("amqp-gpu", f"{settings.QUEUE_GPU_PREFIX}{lane}", **env)
     # This process is the web tier of that deployment: its first task goes out over RabbitMQ too.
-    amqp_app = Celery(broker=AMQP)
+    amqp_app = Celery(broker=AMQP, set_as_current=False)  # never replace the project app for later tests
     monkeypatch.setattr(
         "safety.tasks.check_prompt.delay",
         lambda job_id: amqp_app.send_task("safety.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
