@@ -37,11 +37,9 @@ def main() -> None:
     shipped = ROOT / "models" / "shapes-v1"
     env = {"IMAGEGEN_TORCH_THREADS": "1", "IMAGEGEN_IMAGE_CLASSIFIER": os.environ.get("IMAGEGEN_IMAGE_CLASSIFIER", "")}
     stack = Stack(**{k: v for k, v in env.items() if v})
-    model_path = Path(args.model) if args.model else shipped if (shipped / "model_index.json").exists() else None
-    if model_path is None:
-        from gpu_tasks.tiny_pipeline import write_tiny_pipeline
+    from gpu_tasks.tiny_pipeline import model_for_bench
 
-        model_path = write_tiny_pipeline(stack.var / "models" / "tiny-random")
+    model_path = model_for_bench(args.model, stack.var / "models")
     if not (shipped / "model_index.json").exists() and "IMAGEGEN_IMAGE_CLASSIFIER" not in os.environ:
         stack.env["IMAGEGEN_IMAGE_CLASSIFIER"] = "none"  # no shipped classifier to load
     stack.env["IMAGEGEN_MODEL_PATH"] = str(model_path)

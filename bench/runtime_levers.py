@@ -29,17 +29,11 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--compile", action="store_true")
     a = p.parse_args()
-    shipped = ROOT / "models" / "shapes-v1"
-    if a.model:
-        model_path = Path(a.model)
-    elif (shipped / "model_index.json").exists():
-        model_path = shipped
-    else:
-        import tempfile
+    import tempfile
 
-        from gpu_tasks.tiny_pipeline import write_tiny_pipeline
+    from gpu_tasks.tiny_pipeline import model_for_bench
 
-        model_path = write_tiny_pipeline(Path(tempfile.mkdtemp()) / "tiny-random")
+    model_path = model_for_bench(a.model, Path(tempfile.mkdtemp()))
     import django
 
     django.setup()

@@ -97,6 +97,9 @@ def run_batch(model_name: str) -> str | None:
     last_renew = time.monotonic()
     last_preview = 0.0
     previewed: set[str] = set()
+    first_row: dict[str, int] = {}  # each job's preview shows its first image
+    for i, row in enumerate(rows):
+        first_row.setdefault(row.job_id, i)
     created = {str(job.id): job.created_at.timestamp() for job in jobs}
 
     def on_step(step: int, total: int, latents) -> bool:
@@ -121,9 +124,6 @@ def run_batch(model_name: str) -> str | None:
             and now - last_preview >= settings.IMAGEGEN_PREVIEW_MIN_INTERVAL
         ):
             last_preview = now
-            first_row = {}
-            for i, row in enumerate(rows):
-                first_row.setdefault(row.job_id, i)
             for job_id in live:
                 image = model.preview(latents, first_row[job_id], batch.width, batch.height)
                 events.publish(job_id, {"type": "preview", "step": step, "image": image})

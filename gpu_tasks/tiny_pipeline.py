@@ -115,3 +115,16 @@ def write_tiny_pipeline(out: Path, seed: int = 0) -> Path:
         )
         pipe.save_pretrained(out, safe_serialization=True)
     return out
+
+
+SHIPPED_MODEL = Path(__file__).resolve().parent.parent / "models" / "shapes-v1"
+
+
+def model_for_bench(explicit: str, scratch: Path) -> Path:
+    """The model a benchmark measures: the one asked for, else the shipped model, else a tiny
+    random pipeline written under scratch."""
+    if explicit:
+        return Path(explicit)
+    if (SHIPPED_MODEL / "model_index.json").exists():
+        return SHIPPED_MODEL
+    return write_tiny_pipeline(Path(scratch) / "tiny-random")
