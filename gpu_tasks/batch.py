@@ -167,8 +167,27 @@ def run_batch(model_name: str) -> str | None:
     by_job: dict[str, list] = {}
     for i, (row, image) in enumerate(live_pairs):
         by_job.setdefault(row.job_id, []).append((row, image, judgements[i] if judgements else None))
-    deliver_all([(job, by_job.get(str(job.id), [])) for job in live_jobs], gate_error)
+    delivered = deliver_all([(job, by_job.get(str(job.id), [])) for job in live_jobs], gate_error)
+    _record_overhead(delivered, wall_started, seconds, partial=len(rows) < batch.cap)
     return batch_id
+
+
+def _record_overhead(jobs: list[GenerationJob], pass_started: float, pass_seconds: float, partial: bool) -> None:
+    """Feed the estimate the time each first-attempt job spent outside the queue and the pass:
+    the claim (less the fill wait the estimate adds itself), the image gate and delivery."""
+    from jobs.admission import record_overhead
+
+    samples = []
+    for job in jobs:
+        if job.attempts != 1 or job.started_at is None or job.finished_at is None:
+            continue
+        claim = pass_started - job.started_at.timestamp() - (settings.IMAGEGEN_FILL_WAIT if partial else 0.0)
+        deliver = job.finished_at.timestamp() - (pass_started + pass_seconds)
+        samples.append(max(0.0, claim) + deliver)
+    try:
+        record_overhead(samples)
+    except RedisError:
+        pass  # the estimate keeps its last figure
 
 
 def _close_batch(batch: Batch, images: int, seconds: float) -> None:
@@ -204,9 +223,10 @@ def _outcome(made: list, gate_error: str) -> tuple[str, str, str]:
     return JobStatus.DONE, "", ""
 
 
-def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None:
+def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> list[GenerationJob]:
     """Store each job's images and finish it exactly once for this attempt, all in one
-    transaction (a savepoint per job, so one lost claim does not undo the others)."""
+    transaction (a savepoint per job, so one lost claim does not undo the others). Returns the
+    jobs this attempt finished, as stored."""
     stored_by_job = {}
     for job, made in work:
         status, stage, reason = _outcome(made, gate_error)
@@ -239,11 +259,13 @@ def deliver_all(work: list[tuple[GenerationJob, list]], gate_error: str) -> None
     from jobs import cache
     from jobs.serializers import status_event
 
-    for job in GenerationJob.objects.filter(id__in=finished).prefetch_related("images"):
+    delivered = list(GenerationJob.objects.filter(id__in=finished).prefetch_related("images"))
+    for job in delivered:
         cache.remember(job)
         if job.status == JobStatus.DONE:
             metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
         events.publish(job.id, status_event(job))
+    return delivered
 
 
 def _record(job, made, stored, status, stage, reason, storage, gate_error) -> None:

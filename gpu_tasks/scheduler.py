@@ -143,12 +143,42 @@ class Taken:
         return sum(e.count for e in self.entries)
 
 
+ARRIVAL_WINDOW = 10  # seconds per arrivals counter
+ARRIVAL_WINDOWS = 6  # counters the estimate reads: the last minute
+
+
+def _arrivals_key(model: str, window: int) -> str:
+    return f"{PREFIX}arr:{model}:{window}"
+
+
 def enqueue(model: str, shape: str, job_id: str, count: int, enqueued_at: float | None = None) -> None:
     r = get_redis()
     pipe = r.pipeline()
     pipe.zadd(_bucket_key(shape), {f"{job_id}:{count}": enqueued_at or time.time()}, nx=True)
     pipe.sadd(_shapes_key(model), shape)
-    pipe.execute()
+    added, _ = pipe.execute()
+    if added:  # a new arrival (a rebuild re-adding a known entry is not one)
+        key = _arrivals_key(model, int(time.time() // ARRIVAL_WINDOW))
+        pipe = r.pipeline()
+        pipe.hincrby(key, shape, count)
+        pipe.expire(key, ARRIVAL_WINDOW * (ARRIVAL_WINDOWS + 2))
+        pipe.execute()
+
+
+def arrival_rates(model: str, now: float | None = None) -> dict[str, float]:
+    """Images per second entering the queue per shape, over about the last minute."""
+    now = time.time() if now is None else now
+    current = int(now // ARRIVAL_WINDOW)
+    windows = range(current - ARRIVAL_WINDOWS + 1, current + 1)
+    pipe = get_redis().pipeline()
+    for w in windows:
+        pipe.hgetall(_arrivals_key(model, w))
+    span = (ARRIVAL_WINDOWS - 1) * ARRIVAL_WINDOW + (now - current * ARRIVAL_WINDOW)
+    totals: dict[str, float] = {}
+    for counts in pipe.execute():
+        for shape, n in counts.items():
+            totals[shape] = totals.get(shape, 0.0) + float(n)
+    return {shape: n / span for shape, n in totals.items()}
 
 
 def remove(shape: str, job_id: str, count: int) -> None:

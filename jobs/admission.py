@@ -1,41 +1,74 @@
 """Honest wait estimates and admission control.
 
-Cost model: GPU workers record, after every batch, an exponential moving average of GPU-seconds
-per image for its shape, and of GPU-seconds per image-megapixel-step across shapes (for shapes
-not measured yet). Heartbeats give the number of live GPU workers per model.
+Cost model, measured by the GPU workers and kept in one Redis hash:
+- per shape and batch size, a moving average of the seconds one pass takes (`<shape>#<size>`);
+- per shape, GPU-seconds per image, and across shapes GPU-seconds per megapixel-step (for
+  shapes not measured yet);
+- the time a job spends outside the queue and the pass: the prompt check, the claim, the image
+  gate and delivery (`_overhead`).
+Heartbeats give the number of live GPU workers per model.
 
-Estimate for a job = (GPU-seconds of work queued ahead of it) / (live GPU workers)
-                     + its own GPU-seconds + the fill wait.
+The estimate replays the scheduler: the live GPUs become free when their running passes end;
+each free GPU takes from the queued work by the scheduler's own rules (gpu_tasks/policy.py,
+the Python twin of the Lua take), waits the fill wait when its batch is partial, and runs the
+pass for its measured time. The job's estimate is the end of the pass that takes it, plus the
+overhead. Jobs still in the prompt check count as queued ahead. Work that arrives later is not
+foreseen: a job of a rare shape can still be overtaken by fuller buckets until the starvation
+bound, which the replay applies with the real enqueue times.
+
+(A first version divided the GPU-seconds ahead by the GPU count and added the job's share of a
+full batch; at 80% load it under-predicted a lone job's wait by half, because a job finishes
+when its whole pass does, not after its share of it. bench/admission.py measures both.)
 """
 
 from __future__ import annotations
 
+import heapq
 import math
+import time
+from collections import deque
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.utils import timezone
 
-from gpu_tasks import scheduler
+from gpu_tasks import policy, scheduler
 from gpu_tasks.redis_conn import PREFIX, get_redis
 
 COST_KEY = f"{PREFIX}cost"
 GLOBAL_FIELD = "_per_mpx_step"
+OVERHEAD_FIELD = "_overhead"
+PROMPT_CHECK_SECONDS = 0.05  # about one prompt check, for joining a pass still filling
 EWMA_ALPHA = 0.3
+NEW_JOB = "\0new"  # the replay's id for a job not submitted yet
+
+
+def _ewma(old, new: float) -> float:
+    return new if old is None else EWMA_ALPHA * new + (1 - EWMA_ALPHA) * float(old)
 
 
 def record_batch_cost(shape: str, images: int, seconds: float) -> None:
-    """Called by the GPU worker after each batch."""
+    """Called by the GPU worker after each pass of `images` rows."""
     if images <= 0 or seconds <= 0:
         return
     info = scheduler.parse_shape(shape)
     per_image = seconds / images
     per_unit = per_image / (info["width"] * info["height"] / 1e6 * info["steps"])
+    pass_field = f"{shape}#{images}"
     r = get_redis()
-    old_image, old_unit = r.hmget(COST_KEY, [shape, GLOBAL_FIELD])
-    new_image = per_image if old_image is None else EWMA_ALPHA * per_image + (1 - EWMA_ALPHA) * float(old_image)
-    new_unit = per_unit if old_unit is None else EWMA_ALPHA * per_unit + (1 - EWMA_ALPHA) * float(old_unit)
-    r.hset(COST_KEY, mapping={shape: new_image, GLOBAL_FIELD: new_unit})
+    old_image, old_unit, old_pass = r.hmget(COST_KEY, [shape, GLOBAL_FIELD, pass_field])
+    r.hset(COST_KEY, mapping={shape: _ewma(old_image, per_image), GLOBAL_FIELD: _ewma(old_unit, per_unit),
+                              pass_field: _ewma(old_pass, seconds)})
+
+
+def record_overhead(samples: list[float]) -> None:
+    """Called after delivery with each first-attempt job's seconds outside the queue and the
+    pass: the claim and the image gate and delivery. (The prompt check is not in it: its time
+    depends on the checks waiting at that moment, which the estimate counts as queued work.)"""
+    if not samples:
+        return
+    r = get_redis()
+    r.hset(COST_KEY, OVERHEAD_FIELD, _ewma(r.hget(COST_KEY, OVERHEAD_FIELD), max(0.0, sum(samples) / len(samples))))
 
 
 def seconds_per_image(shape: str, costs: dict | None = None) -> float:
@@ -45,6 +78,33 @@ def seconds_per_image(shape: str, costs: dict | None = None) -> float:
     info = scheduler.parse_shape(shape)
     unit = float(costs.get(GLOBAL_FIELD, settings.IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP))
     return unit * info["width"] * info["height"] / 1e6 * info["steps"]
+
+
+def pass_seconds(shape: str, images: int, costs: dict) -> float:
+    """Seconds one pass of `images` rows of `shape` takes: measured at that size; else between
+    the nearest measured sizes (linear); else from the per-image figure."""
+    exact = costs.get(f"{shape}#{images}")
+    if exact is not None:
+        return float(exact)
+    measured = sorted(
+        (int(field.rsplit("#", 1)[1]), float(value)) for field, value in costs.items()
+        if field.startswith(shape + "#") and field.rsplit("#", 1)[1].isdigit()
+    )
+    below = [m for m in measured if m[0] < images]
+    above = [m for m in measured if m[0] > images]
+    if below and above:
+        (b0, s0), (b1, s1) = below[-1], above[0]
+        return s0 + (s1 - s0) * (images - b0) / (b1 - b0)
+    if len(measured) >= 2:  # extrapolate along the nearest two measured sizes
+        if above:  # smaller than any measured: no cheaper per image than the smallest measured
+            (b0, s0), (b1, s1) = measured[0], measured[1]
+            return max(s0 * images / b0, s0 - max(0.0, (s1 - s0) / (b1 - b0)) * (b0 - images))
+        (b0, s0), (b1, s1) = measured[-2], measured[-1]
+        return s1 + max(0.0, (s1 - s0) / (b1 - b0)) * (images - b1)
+    if measured:  # one size measured: scale by size, the pessimistic side for larger passes
+        b0, s0 = measured[0]
+        return s0 * images / b0 if images > b0 else s0
+    return seconds_per_image(shape, costs) * images
 
 
 def active_gpus(model_name: str | None = None) -> int:
@@ -62,34 +122,140 @@ class Estimate:
     active_gpus: int
 
 
-def estimate(shape: str, images: int, enqueued_at: float | None = None, model_name: str | None = None) -> Estimate:
-    """For a new job (enqueued_at None) or one already queued since enqueued_at."""
-    model_name = model_name or settings.IMAGEGEN_MODEL_NAME
-    costs = get_redis().hgetall(COST_KEY)
-    ahead_seconds = 0.0
-    position = 0
-    queued_images = 0
-    for other_shape, entries in scheduler.queued_entries(model_name).items():
-        per_image = seconds_per_image(other_shape, costs)
-        for job_id, count, score in entries:
-            queued_images += count
-            if enqueued_at is None or score < enqueued_at:
-                ahead_seconds += per_image * count
-                position += 1
-    # Work already on the GPUs: on average half a batch remains.
+def _cap_of(shape: str) -> int:
+    info = scheduler.parse_shape(shape)
+    return scheduler.cap_for(info["width"], info["height"])
+
+
+@dataclass(frozen=True)
+class _Filling:
+    """A claimed partial pass still inside its fill wait: a job of its shape can join it."""
+    shape: str
+    room: int
+    fill_ends_in: float
+    started_in: float  # negative: seconds ago
+
+
+def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Filling]]:
+    """Seconds until each live GPU is free (its running pass's measured time less the time it
+    has run; idle GPUs: 0), and the passes still waiting for more of their shape."""
+    from jobs.models import Batch, GenerationJob
+
+    batch_ids = set(GenerationJob.objects.filter(status="running").exclude(batch=None).values_list("batch_id", flat=True)[:1000])
+    remaining, filling = [], []
+    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None):
+        shape = scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale, batch.scheduler)
+        size = max(1, batch.size)
+        started_in = batch.started_at.timestamp() - now
+        fill = settings.IMAGEGEN_FILL_WAIT if size < batch.cap else 0.0
+        remaining.append(max(0.0, started_in + fill + pass_seconds(shape, size, costs)))
+        if fill and started_in + fill > 0:
+            filling.append(_Filling(shape, batch.cap - size, started_in + fill, started_in))
+    remaining.sort()
+    return (remaining + [0.0] * gpus)[:gpus], filling
+
+
+def _awaiting_prompt_check(model_name: str, now: float) -> list[tuple[str, tuple[str, int, float]]]:
+    """Admitted jobs whose prompt check has not finished: they enter the queue ahead of a new job."""
     from jobs.models import GenerationJob
 
-    running = GenerationJob.objects.filter(status="running").only("width", "height", "steps", "count", "model_version", "guidance_scale", "scheduler")
-    for job in running[:1000]:
-        ahead_seconds += 0.5 * job.count * seconds_per_image(
-            scheduler.shape_key(job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler), costs
-        )
+    out = []
+    recent = timezone.now() - timezone.timedelta(minutes=10)
+    for job in GenerationJob.objects.filter(status="queued", scheduled_at=None, created_at__gte=recent).only(
+        "id", "model_version", "width", "height", "steps", "guidance_scale", "scheduler", "count", "created_at"
+    )[:2000]:
+        shape = scheduler.shape_key(job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler)
+        out.append((shape, (str(job.id), job.count, job.created_at.timestamp())))
+    return out
+
+
+FORECAST_LIMIT = 5000  # forecast arrivals one replay may add
+
+
+def replay(buckets: dict[str, deque], free_in: list[float], target: str, now: float, costs: dict,
+           rates: dict[str, float] | None = None) -> float | None:
+    """Seconds from now until the pass that takes `target` ends, replaying the scheduler on the
+    queued work with the GPUs free after `free_in` seconds, while work keeps arriving at the
+    measured `rates` (images per second per shape; one-image jobs, evenly spaced). None if the
+    target is never taken."""
+    fill_wait, starvation = settings.IMAGEGEN_FILL_WAIT, settings.IMAGEGEN_STARVATION_SECONDS
+    step = {shape: 1.0 / rate for shape, rate in (rates or {}).items() if rate > 0}
+    next_at = dict(step)
+    made = 0
+
+    def arrive_until(t: float) -> None:
+        nonlocal made
+        for shape in next_at:
+            while next_at[shape] <= t and made < FORECAST_LIMIT:
+                buckets.setdefault(shape, deque()).append((f"\0forecast{made}", 1, now + next_at[shape]))
+                next_at[shape] += step[shape]
+                made += 1
+
+    heap = list(free_in)
+    heapq.heapify(heap)
+    while heap:
+        t = heapq.heappop(heap)
+        arrive_until(t)
+        taken = policy.take(buckets, now + t, _cap_of, starvation)
+        if taken is None:  # idle until the next arrival
+            if not next_at or made >= FORECAST_LIMIT:
+                return None
+            heapq.heappush(heap, min(next_at.values()))
+            continue
+        shape, entries = taken
+        cap = _cap_of(shape)
+        size = sum(n for _, n, _ in entries)
+        start = t
+        if size < cap:  # a partial pass waits the fill wait, taking what arrives meanwhile
+            arrive_until(t + fill_wait)
+            more = policy.take(buckets, now + t + fill_wait, _cap_of, starvation, only_shape=shape, max_images=cap - size)
+            if more is not None:
+                entries = entries + more[1]
+                size += sum(n for _, n, _ in more[1])
+            start = t + fill_wait if size < cap else max(t, max(at - now for _, _, at in entries))
+            if shape in buckets and not buckets[shape]:
+                del buckets[shape]
+        end = start + pass_seconds(shape, size, costs)
+        if any(job_id == target for job_id, _, _ in entries):
+            return end
+        heapq.heappush(heap, end)
+    return None
+
+
+def estimate(shape: str, images: int, enqueued_at: float | None = None, model_name: str | None = None,
+             job_id: str | None = None) -> Estimate:
+    """For a new job (enqueued_at None) or one already queued since enqueued_at (job_id: its id)."""
+    model_name = model_name or settings.IMAGEGEN_MODEL_NAME
+    now = time.time()
+    costs = get_redis().hgetall(COST_KEY)
+    entries = [(s, e) for s, es in scheduler.queued_entries(model_name).items() for e in es]
+    queued_images = sum(e[1] for _, e in entries)
+    target = job_id if job_id is not None and any(e[0] == job_id for _, e in entries) else NEW_JOB
+    if enqueued_at is None:
+        entries += _awaiting_prompt_check(model_name, now)
+    if target == NEW_JOB:
+        entries.append((shape, (NEW_JOB, images, enqueued_at if enqueued_at is not None else now)))
+    ahead = [(s, e) for s, e in entries if e[0] != target and e[2] < (enqueued_at if enqueued_at is not None else now + 1)]
+    work_ahead = sum(seconds_per_image(s, costs) * e[1] for s, e in ahead)
     gpus = active_gpus(model_name)
     if gpus == 0:
-        return Estimate(None, position, ahead_seconds, queued_images, 0)
-    own = seconds_per_image(shape, costs) * images
-    eta = ahead_seconds / gpus + own + settings.IMAGEGEN_FILL_WAIT
-    return Estimate(eta, position, ahead_seconds, queued_images, gpus)
+        return Estimate(None, len(ahead), work_ahead, queued_images, 0)
+    free_in, filling = _running(gpus, costs, now)
+    end = replay(policy.buckets_from(entries), free_in, target, now, costs, scheduler.arrival_rates(model_name, now))
+    if target == NEW_JOB and not any(s == shape for s, e in entries if e[0] != NEW_JOB):
+        # Nothing of its shape waits: it may join a pass of its shape that is still filling,
+        # if its prompt check ends before that pass's fill wait does.
+        admit = PROMPT_CHECK_SECONDS
+        for f in filling:
+            if f.shape == shape and f.room >= images and f.fill_ends_in > admit:
+                size = _cap_of(shape) - f.room + images
+                start = f.started_in + settings.IMAGEGEN_FILL_WAIT if size < _cap_of(shape) else admit
+                joined = start + pass_seconds(shape, size, costs)
+                end = joined if end is None else min(end, joined)
+    if end is None:  # cannot happen with the real policy; stay honest with the plain bound
+        end = work_ahead / gpus + pass_seconds(shape, images, costs) + settings.IMAGEGEN_FILL_WAIT
+    overhead = float(costs.get(OVERHEAD_FIELD, 0.0))
+    return Estimate(end + overhead, len(ahead), work_ahead, queued_images, gpus)
 
 
 class Refused(Exception):

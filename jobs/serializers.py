@@ -116,7 +116,7 @@ class JobSerializer(serializers.ModelSerializer):
                 from jobs.actions import images_to_make, shape_of
                 from jobs.admission import estimate
 
-                est = estimate(shape_of(job), images_to_make(job), enqueued_at=job.scheduled_at.timestamp())
+                est = estimate(shape_of(job), images_to_make(job), enqueued_at=job.scheduled_at.timestamp(), job_id=str(job.id))
             job._current_estimate = est
         return job._current_estimate
 
