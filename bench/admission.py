@@ -78,6 +78,7 @@ class Load:
         self.pool = concurrent.futures.ThreadPoolExecutor(threads)
         self.httpx = httpx
         self.answers: list[dict] = []
+        self.compare = False
         self.lock = threading.Lock()
 
     def client(self):
@@ -94,6 +95,13 @@ class Load:
         except Exception as exc:  # noqa: BLE001 - recorded, never hidden
             answer = {"code": "error", "error": repr(exc), "body": {}}
         answer.update(phase=phase, sent_at=t0, latency=time.time() - t0, request=body)
+        if self.compare and answer["code"] == 202 and answer["body"].get("status") == "queued":
+            try:
+                answer["first_version_eta"] = first_version_eta(answer["body"])
+            finally:
+                from django.db import connection
+
+                connection.close()
         with self.lock:
             self.answers.append(answer)
         return answer
@@ -114,6 +122,31 @@ class Load:
             futures.append(self.pool.submit(self._one, i, phase, make_body(i, rng)))
             i += 1
         return [f.result() for f in futures]
+
+
+def first_version_eta(body: dict) -> float | None:
+    """The estimate's first version, for comparison: (GPU-seconds queued ahead, plus half of
+    each running job) / live GPUs + the job's own images at the per-image cost + the fill wait.
+    Computed by the load generator right after the submit answer."""
+    from django.conf import settings
+
+    from gpu_tasks import scheduler
+    from jobs.admission import COST_KEY, active_gpus, seconds_per_image
+    from gpu_tasks.redis_conn import get_redis
+    from jobs.models import GenerationJob
+
+    costs = get_redis().hgetall(COST_KEY)
+    ahead = 0.0
+    for shape, entries in scheduler.queued_entries(settings.IMAGEGEN_MODEL_NAME).items():
+        ahead += sum(seconds_per_image(shape, costs) * n for job_id, n, _ in entries if job_id != body["id"])
+    for job in GenerationJob.objects.filter(status="running").only("width", "height", "steps", "count", "model_version", "guidance_scale", "scheduler"):
+        ahead += 0.5 * job.count * seconds_per_image(
+            scheduler.shape_key(job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler), costs)
+    gpus = active_gpus()
+    if not gpus:
+        return None
+    shape = scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, body["width"], body["height"], body["steps"], body["guidance_scale"], "")
+    return ahead / gpus + seconds_per_image(shape, costs) * body["count"] + settings.IMAGEGEN_FILL_WAIT
 
 
 def wait_terminal(ids, timeout: float) -> None:
@@ -169,7 +202,7 @@ def load_figures(answers: list[dict], dump: list | None = None) -> dict:
     per_phase: dict = {}
     for phase in sorted({a["phase"] for a in answers}):
         mine = [a for a in answers if a["phase"] == phase]
-        errors, signed, under = [], [], 0
+        errors, signed, under, first_errors = [], [], 0, []
         parts: dict[str, list] = {"prompt_check": [], "queue": [], "gpu_pass": [], "fill_and_delivery": []}
         for a in mine:
             if a["code"] != 202:
@@ -183,6 +216,8 @@ def load_figures(answers: list[dict], dump: list | None = None) -> dict:
             errors.append(abs(e))
             signed.append(e)
             under += predicted < actual
+            if a.get("first_version_eta") is not None:
+                first_errors.append(abs(a["first_version_eta"] - actual) / actual)
             parts["prompt_check"].append((job.scheduled_at - job.created_at).total_seconds())
             parts["queue"].append((job.started_at - job.scheduled_at).total_seconds())
             parts["gpu_pass"].append(job.batch.gpu_seconds or 0.0)
@@ -208,6 +243,8 @@ def load_figures(answers: list[dict], dump: list | None = None) -> dict:
             "abs_rel_error_p50": round(pct(errors, 0.5), 3) if errors else None,
             "abs_rel_error_p90": round(pct(errors, 0.9), 3) if errors else None,
             "signed_rel_error_p50": round(pct(signed, 0.5), 3) if signed else None,
+            "first_version_abs_rel_error_p50": round(pct(first_errors, 0.5), 3) if first_errors else None,
+            "first_version_abs_rel_error_p90": round(pct(first_errors, 0.9), 3) if first_errors else None,
             "under_predicted_share": round(under / len(errors), 3) if errors else None,
             "actual_seconds_p50": round(pct([(jobs[a["body"]["id"]].finished_at - jobs[a["body"]["id"]].created_at).total_seconds()
                                               for a in mine if a["code"] == 202 and jobs[a["body"]["id"]].finished_at], 0.5) or 0, 2),
@@ -250,8 +287,10 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
     batch_ids = set(jobs.exclude(batch=None).values_list("batch_id", flat=True))
     gpu_seconds = Batch.objects.filter(id__in=batch_ids).aggregate(s=Sum("gpu_seconds"))["s"] or 0.0
     images_generated = Batch.objects.filter(id__in=batch_ids).aggregate(s=Sum("size"))["s"] or 0
+    repeats = len(answers) - len(set(stream[:len(answers)]))
     return {
-        "policy": policy, "requests": len(answers), "accepted": len(ids), "distinct_prompts_sent": len(set(stream[:len(answers)])),
+        "policy": policy, "requests": len(answers), "repeats": repeats,
+        "repeat_misses": repeats - hits,  # fixed: the identical request was still in flight (or refused) "accepted": len(ids), "distinct_prompts_sent": len(set(stream[:len(answers)])),
         "cache_hits": hits, "cache_misses": misses, "hit_rate": round(hits / max(1, hits + misses), 3),
         "done_in_submit_answer": sum(1 for a in answers if a["code"] == 202 and a["body"].get("status") == "done"),
         "images_generated": images_generated, "gpu_seconds": round(gpu_seconds, 2), "seconds": round(time.time() - t0, 1),
@@ -340,9 +379,11 @@ def main() -> None:
         print(f"2. load: steady {steady_rate:.2f} jobs/s for {a.steady_seconds:.0f}s, burst {steady_rate * a.burst:.2f} jobs/s "
               f"for {a.burst_seconds:.0f}s, MAX_QUEUE_WAIT {a.max_queue_wait:.0f}s", flush=True)
         make = mix_body(a.degrade_share)
+        load.compare = True
         steady = load.run("steady", steady_rate, a.steady_seconds, make, rng)
         burst = load.run("burst", steady_rate * a.burst, a.burst_seconds, make, rng)
         wait_terminal([x["body"]["id"] for x in steady + burst if x["code"] == 202], 900)
+        load.compare = False
         per_job: list = []
         phases = load_figures(steady + burst, per_job)
         phases["all"] = load_figures([dict(x, phase="all") for x in steady + burst])["all"]
@@ -352,7 +393,8 @@ def main() -> None:
         for name, f in phases.items():
             print(f"   {name}: sent {f['sent']}, accepted {f['accepted']}, shed {f['shed_429']}, degraded {f['degraded']}, "
                   f"|error| p50 {f['abs_rel_error_p50']} p90 {f['abs_rel_error_p90']} (signed p50 {f['signed_rel_error_p50']}, "
-                  f"{f['jobs_compared']} jobs)", flush=True)
+                  f"{f['jobs_compared']} jobs); first version p50 {f['first_version_abs_rel_error_p50']} "
+                  f"p90 {f['first_version_abs_rel_error_p90']}", flush=True)
 
         print("3. cache: Zipf prompt stream, seed policy random vs fixed", flush=True)
         runs = {}
