@@ -267,7 +267,7 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
     for key in r.scan_iter(f"{PREFIX}rc:*"):
         r.delete(key)
     stack.stop("web")
-    stack.start_web_with(port, **web_env, IMAGEGEN_SEED_POLICY=policy)
+    stack.start_web(port, **web_env, IMAGEGEN_SEED_POLICY=policy)
     wait_web(load.base_url)
     before = cache.stats()
     weights = [1 / (k ** zipf_s) for k in range(1, prompts + 1)]
@@ -354,7 +354,7 @@ def main() -> None:
         tokens = [stack.manage("issue_token", f"load{k}").strip().splitlines()[-1] for k in range(8)]
         stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", beat=True)
         no_limit = {"IMAGEGEN_MAX_QUEUE_WAIT": "100000"}
-        stack.start_web_with(port, **no_limit)
+        stack.start_web(port, **no_limit)
         wait_web(base_url)
         load = Load(base_url, tokens)
         rng = random.Random(a.seed)
@@ -374,7 +374,7 @@ def main() -> None:
         result["burst_jobs_per_s"] = round(steady_rate * a.burst, 3)
         stack.stop("web")
         limited = {"IMAGEGEN_MAX_QUEUE_WAIT": str(a.max_queue_wait)}
-        stack.start_web_with(port, **limited)
+        stack.start_web(port, **limited)
         wait_web(base_url)
         print(f"2. load: steady {steady_rate:.2f} jobs/s for {a.steady_seconds:.0f}s, burst {steady_rate * a.burst:.2f} jobs/s "
               f"for {a.burst_seconds:.0f}s, MAX_QUEUE_WAIT {a.max_queue_wait:.0f}s", flush=True)

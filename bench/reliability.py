@@ -908,7 +908,7 @@ def run_load(stack, size) -> dict:
 
     pool = GpuPool(stack, 1)
     port = free_port()
-    stack.start_web_with(port, IMAGEGEN_MAX_QUEUE_WAIT="5", IMAGEGEN_USER_MAX_IN_FLIGHT="1000")
+    stack.start_web(port, IMAGEGEN_MAX_QUEUE_WAIT="5", IMAGEGEN_USER_MAX_IN_FLIGHT="1000")
     import httpx
 
     deadline = time.monotonic() + 120

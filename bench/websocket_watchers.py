@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ import websockets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from scripts.procs import stop_group  # noqa: E402
 PY = sys.executable
 TERMINAL = {"done", "blocked", "failed", "cancelled"}
 LOAD_BEFORE = (0.0, 0.0, 0.0)
@@ -116,13 +117,7 @@ class Service:
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=15)
-                except (subprocess.TimeoutExpired, ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stop_group(proc, 15)
         self.redis.terminate()
         self.redis.wait(timeout=10)
         if os.environ.get("BENCH_KEEP_VAR"):

@@ -155,7 +155,7 @@ def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Fil
     return (remaining + [0.0] * gpus)[:gpus], filling
 
 
-def _awaiting_prompt_check(model_name: str, now: float) -> list[tuple[str, tuple[str, int, float]]]:
+def _awaiting_prompt_check() -> list[tuple[str, tuple[str, int, float]]]:
     """Admitted jobs whose prompt check has not finished: they enter the queue ahead of a new job."""
     from jobs.models import GenerationJob
 
@@ -232,10 +232,10 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
     queued_images = sum(e[1] for _, e in entries)
     target = job_id if job_id is not None and any(e[0] == job_id for _, e in entries) else NEW_JOB
     if enqueued_at is None:
-        entries += _awaiting_prompt_check(model_name, now)
+        entries += _awaiting_prompt_check()
     if target == NEW_JOB:
         entries.append((shape, (NEW_JOB, images, enqueued_at if enqueued_at is not None else now)))
-    ahead = [(s, e) for s, e in entries if e[0] != target and e[2] < (enqueued_at if enqueued_at is not None else now + 1)]
+    ahead = [(s, e) for s, e in entries if e[0] != target and (enqueued_at is None or e[2] < enqueued_at)]
     work_ahead = sum(seconds_per_image(s, costs) * e[1] for s, e in ahead)
     gpus = active_gpus(model_name)
     if gpus == 0:

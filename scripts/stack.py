@@ -15,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.procs import kill_group, stop_group  # noqa: E402
+
 
 class Stack:
     def __init__(self, **env_overrides: str):
@@ -46,10 +48,12 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def start_web(self, port: int) -> subprocess.Popen:
+    def start_web(self, port: int, **env: str) -> subprocess.Popen:
+        """daphne on 127.0.0.1:port; `env`: extra environment for the web process only (e.g.
+        admission limits)."""
         log = open(self.var / "web.log", "ab")
         proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "imagegen.asgi:application"],
-                                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs["web"] = proc
         return proc
 
@@ -64,14 +68,8 @@ class Stack:
 
     def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
         proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=20)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            stop_group(proc, 20, sig)
 
     def close(self) -> None:
         for name in list(self.procs):
@@ -97,21 +95,8 @@ class Stack:
         time.sleep(down_seconds)
         self.redis, _ = start(self.var / "redis", port=port)
 
-    def start_web_with(self, port: int, **env: str) -> subprocess.Popen:
-        """start_web with extra environment for the web process only (e.g. admission limits)."""
-        log = open(self.var / "web.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "imagegen.asgi:application"],
-                                cwd=ROOT, env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs["web"] = proc
-        return proc
-
     def kill(self, name: str) -> None:
         """SIGKILL the process group of a started process, as a lost host would."""
         proc = self.procs.pop(name, None)
-        if proc is None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        if proc is not None:
+            kill_group(proc)

@@ -4,7 +4,6 @@ pipeline on disk, and real Celery workers consuming real Redis queues as separat
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
+
+from scripts.procs import kill_group, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,19 +76,10 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the whole process group, as a lost host would."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        kill_group(self.proc)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=15)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                self.kill()
+        stop_group(self.proc, 15)
         self.log.close()
 
 

@@ -6,8 +6,6 @@ Import the fixture into a test module: `from tests.live_server import daphne_ser
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from django.conf import settings
+
+from scripts.procs import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -78,16 +78,7 @@ def start_daphne(env: dict, log_dir: Path, name: str = "daphne", collectstatic: 
 
 
 def stop_daphne(server: LiveServer) -> None:
-    if server.proc.poll() is None:
-        try:
-            os.killpg(server.proc.pid, signal.SIGTERM)
-            server.proc.wait(timeout=10)
-        except (subprocess.TimeoutExpired, ProcessLookupError):
-            try:
-                os.killpg(server.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            server.proc.wait()
+    stop_group(server.proc, 10)
 
 
 @pytest.fixture(scope="session")

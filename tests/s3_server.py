@@ -9,14 +9,14 @@ plain URL is refused (403) the way a private bucket refuses it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from scripts.procs import stop_group
 
 ACCESS_KEY = "imagegen-test"
 SECRET_KEY = "imagegen-test-secret"
@@ -121,15 +121,6 @@ class SeaweedS3:
     def stop(self) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(timeout=2)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
+        stop_group(self.proc, 2)
         self._log.close()
         self.proc = None

@@ -94,7 +94,6 @@ def test_arrivals_are_counted_once_per_entry(redis_clean):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_delivered_pass_feeds_its_time_and_the_overhead_to_the_estimate(workers, alice_api):
-    from jobs.models import GenerationJob
     from tests.conftest import wait_for_status
     from tests.test_generation import submit
 
@@ -106,4 +105,3 @@ def test_a_delivered_pass_feeds_its_time_and_the_overhead_to_the_estimate(worker
     overhead = float(costs[OVERHEAD_FIELD])
     total = (job.finished_at - job.started_at).total_seconds()
     assert 0 <= overhead < total
-    assert GenerationJob.objects.get(id=job.id).status == "done"
