@@ -60,3 +60,21 @@ def test_a_full_day_of_traffic_offers_the_expected_gpu_load():
     rel = rate_curve(24)
     assert rel.mean() == pytest.approx(1.0)
     assert rel.max() > 2 and rel.min() < 0.5  # a diurnal peak with bursts, and a trough
+
+
+def test_simulated_pictures_are_at_the_requested_size_and_cost_what_real_ones_cost_to_encode(settings):
+    """Flat colours compress to almost nothing, which would hide the cost of encoding and
+    uploading; the simulated pictures must weigh what a generated image weighs (a real model's
+    1024x1024 output is 1-2 MB as PNG)."""
+    import io
+
+    from gpu_tasks.simulated import picture
+
+    small = picture(Row("j", 0, "a red circle", "", 1), 64, 96)
+    assert small.size == (64, 96) and small.mode == "RGB"
+    big = picture(Row("j", 0, "a red circle", "", 1), 1024, 1024)
+    buf = io.BytesIO()
+    big.save(buf, format="PNG")
+    assert 1_000_000 < len(buf.getvalue()) < 3_000_000
+    other = np.asarray(picture(Row("j", 1, "a red circle", "", 2), 1024, 1024), dtype=np.int16)
+    assert np.abs(np.asarray(big, dtype=np.int16) - other).mean() > 10  # not one picture shifted
