@@ -130,10 +130,11 @@ def first_version_eta(body: dict) -> float | None:
     Computed by the load generator right after the submit answer."""
     from django.conf import settings
 
-    from gpu_tasks import scheduler
-    from jobs.admission import COST_KEY, active_gpus, seconds_per_image
-    from gpu_tasks.redis_conn import get_redis
+    from imagegen.redis_client import get_redis
+    from jobs.admission import active_gpus
     from jobs.models import GenerationJob
+    from scheduling import scheduler
+    from scheduling.costs import COST_KEY, seconds_per_image
 
     costs = get_redis().hgetall(COST_KEY)
     ahead = 0.0
@@ -162,7 +163,7 @@ def wait_terminal(ids, timeout: float) -> None:
 def mix_body(allow_degrade_share: float):
     def make(i: int, rng: random.Random) -> dict:
         r = rng.random()
-        for weight, w, h, steps, count in MIX:
+        for weight, w, h, steps, count in MIX:  # noqa: B007  (the chosen row is used after the loop)
             if r < weight:
                 break
             r -= weight
@@ -259,7 +260,7 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
               seed: int, web_env: dict) -> dict:
     from django.db.models import Sum
 
-    from gpu_tasks.redis_conn import PREFIX, get_redis
+    from imagegen.redis_client import PREFIX, get_redis
     from jobs import cache
     from jobs.models import Batch, GenerationJob
 
@@ -361,8 +362,8 @@ def main() -> None:
 
         print("1. capacity", flush=True)
         capacity = measure_capacity(stack, load, a.gpus, a.capacity_jobs, rng)
-        from gpu_tasks.redis_conn import get_redis
-        from jobs.admission import COST_KEY
+        from imagegen.redis_client import get_redis
+        from scheduling.costs import COST_KEY
 
         capacity["cost_model"] = {k: round(float(v), 3) for k, v in sorted(get_redis().hgetall(COST_KEY).items())}
         result["capacity"] = capacity

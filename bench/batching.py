@@ -95,7 +95,7 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2))
     r = result["ratios"]
     print()
-    print(f"| measure | value |\n|---|---|")
+    print("| measure | value |\n|---|---|")
     print(f"| raw batch 1 / batch {args.cap} (img/s) | {raw1:.2f} / {rawb:.2f} |")
     print(f"| service cap 1 / cap {args.cap} (img/s) | {s1:.2f} / {sb:.2f} |")
     print(f"| service / raw at batch 1 | {r['service_over_raw_batch_1']:.2f} |")
@@ -156,8 +156,8 @@ def run_service_load(stack, token: str, jobs: int, steps: int, sizes, cap: int) 
 
 def scheduler_fill(sizes, cap: int, jobs: int) -> float:
     """Fill the real scheduler reaches when a saturating load of these sizes is drained."""
-    from gpu_tasks import scheduler
-    from gpu_tasks.redis_conn import get_redis
+    from imagegen.redis_client import get_redis
+    from scheduling import scheduler
 
     model = "bench-fill"
     rng = random.Random(2)

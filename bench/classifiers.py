@@ -20,7 +20,7 @@ class AllowAll:
         self.labels = list(policy.get("image", {}).get("labels", {}))
 
     @classmethod
-    def from_spec(cls, arg: str) -> "AllowAll":
+    def from_spec(cls, arg: str) -> AllowAll:
         return cls()
 
     def scores(self, images):

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpu_tasks import policy  # noqa: E402
+from scheduling import policy  # noqa: E402
 
 SHAPES = [  # (shape key, share of jobs); production-like sizes, 30 steps
     ("v1|1024x1024|30|5|", 0.5),

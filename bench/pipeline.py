@@ -92,8 +92,7 @@ def raw_images_per_second(size: int, batch: int, steps: int, passes: int) -> flo
 
 def worker_queues(settings) -> tuple[str, str | None]:
     """(cpu/io queues, the classify queue or None when the pipeline has no classify stage)."""
-    classify = getattr(settings, "QUEUE_CLASSIFY_PREFIX", None)
-    return f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", (classify + settings.IMAGEGEN_MODEL_NAME) if classify else None
+    return f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", getattr(settings, "QUEUE_CLASSIFY", None)
 
 
 def wait_done(ids: list[str], timeout: float, outcomes=("done",)) -> list:

@@ -269,11 +269,10 @@ def scenario_redis(stack, client, n_jobs: int, steps: int, mid_submit: bool, tim
     started = time.monotonic()
     finished = wait_terminal(ids, timeout)
     alive = stack.procs.get(gpu_name) is not None and stack.procs[gpu_name].poll() is None
-    from django.utils import timezone
 
     import datetime
 
-    after = datetime.datetime.fromtimestamp(restarted_at, tz=datetime.timezone.utc)
+    after = datetime.datetime.fromtimestamp(restarted_at, tz=datetime.UTC)
     by_original = Batch.objects.filter(jobs__id__in=ids, started_at__gt=after,
                                        worker=f"{socket.gethostname()}:{gpu_pid}").distinct().count()
     result = {"finished_in_time": finished, "seconds_after_restart": round(time.monotonic() - started, 1),
@@ -450,7 +449,7 @@ def scenario_classifier(client, n_jobs: int, steps: int, flip_every: float = 0.7
 
 
 # ----------------------------------------------------------------------------------------
-# 5. storage failures (in-process, through gpu_tasks.batch.deliver_all)
+# 5. storage failures (in-process, through the GPU worker's hand-off to quarantine)
 # ----------------------------------------------------------------------------------------
 
 
@@ -479,60 +478,84 @@ def flaky_storage_class():
 
 
 def _running_job(owner, count: int, tag: str):
+    """A job claimed by a batch that has just been denoised (stage generate, attempt 1)."""
     from django.conf import settings
     from django.utils import timezone
 
-    from jobs.models import GenerationJob
+    from jobs.models import Batch, GenerationJob
 
+    batch = Batch.objects.create(model_version=settings.IMAGEGEN_MODEL_VERSION, width=64, height=64, steps=2,
+                                 guidance_scale=5.0, size=count, cap=count, lane=settings.IMAGEGEN_MODEL_NAME)
     return GenerationJob.objects.create(
         owner=owner, prompt=f"storage test {tag}", width=64, height=64, steps=2, guidance_scale=5.0,
         seed=random.randrange(2**31), count=count, model_version=settings.IMAGEGEN_MODEL_VERSION, status="running",
-        attempts=1, started_at=timezone.now(), scheduled_at=timezone.now(), progress_total=2,
+        attempts=1, started_at=timezone.now(), scheduled_at=timezone.now(), progress_total=2, batch=batch,
+        lease_expires_at=timezone.now() + timezone.timedelta(seconds=60),
     )
 
 
 def scenario_storage(owner, workdir: Path) -> dict:
-    """Cases: (fails N times then works, exception type, fail from call k on) x count."""
+    """The GPU worker's hand-off to quarantine against a storage that fails: (fails N times then
+    works, exception type, fail from call k on) x count. Transient errors are retried for as
+    long as the worker holds the job (here until the owner cancels it); a refusal fails the
+    job. Never a row without bytes, never an object left behind."""
+    import threading
     from unittest import mock
 
     from django.test import override_settings
     from PIL import Image
 
-    from gpu_tasks import batch
+    import jobs.storage
+    from gpu_tasks import generate
     from gpu_tasks.pipeline import Row
+    from jobs import actions
     from jobs.models import GeneratedImage, GenerationJob
-    from safety.image_gate import ImageJudgement
 
     Flaky = flaky_storage_class()
     cases = [
-        ("transient x2 then ok", dict(fail=2), 2, "done"),
-        ("transient x3 then ok", dict(fail=3), 1, "done"),
-        ("always fails (OSError)", dict(fail=10**6), 2, "failed"),
+        ("transient x2 then ok", dict(fail=2), 2, "handed off"),
+        ("transient x3 then ok", dict(fail=3), 1, "handed off"),
+        ("always fails (OSError) until cancelled", dict(fail=10**6), 2, "cancelled"),
         ("permission denied (not retried)", dict(fail=10**6, exc=PermissionError), 1, "failed"),
-        ("second image fails for good", dict(fail=0, fail_on_call=2), 3, "failed"),
+        ("second image fails for good", dict(fail=0, fail_on_call=2, exc=PermissionError), 3, "failed"),
     ]
     results = []
-    for i, (name, kw, count, expect) in enumerate(cases):
-        location = workdir / f"storage-case-{i}"
-        storage = Flaky(location, **kw)
-        job = _running_job(owner, count, name)
-        allow = ImageJudgement("allow", "", 0.0, "", "test")
-        made = [(Row(str(job.id), k, job.prompt, "", job.seed + k), Image.new("RGB", (64, 64), (k * 40, 0, 0)), allow)
-                for k in range(count)]
-        with override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=4, IMAGEGEN_UPLOAD_BACKOFF=0.01), \
-                mock.patch.object(batch, "public_storage", return_value=storage), \
-                mock.patch.object(batch, "quarantine_storage", return_value=storage):
-            batch.deliver_all([(job, made)], "")
-        job.refresh_from_db()
-        rows = list(GeneratedImage.objects.filter(job=job))
-        files = sorted(str(p.relative_to(location)) for p in location.rglob("*") if p.is_file()) if location.exists() else []
-        rows_without_bytes = sum(1 for r in rows if not storage.exists(r.storage_key) or storage.size(r.storage_key) != r.byte_size)
-        leftover = [f for f in files if f not in {r.storage_key for r in rows}]
-        results.append({"case": name, "count": count, "status": job.status, "expected": expect, "reason": job.reason,
-                        "rows": len(rows), "save_calls": storage.calls, "rows_without_bytes": rows_without_bytes,
-                        "leftover_objects": len(leftover), "ok": job.status == expect and not rows_without_bytes
-                        and not leftover and (len(rows) == count if expect == "done" else len(rows) == 0)})
-        GenerationJob.objects.filter(id=job.id).delete()
+    runner = generate.Runner("storage-scenario")
+    try:
+        for i, (name, kw, count, expect) in enumerate(cases):
+            location = workdir / f"storage-case-{i}"
+            storage = Flaky(location, **kw)
+            job = _running_job(owner, count, name)
+            rows = [Row(str(job.id), k, job.prompt, "", job.seed + k) for k in range(count)]
+            images = [Image.new("RGB", (64, 64), (k * 40, 0, 0)) for k in range(count)]
+            claimed = generate.Claimed(job.batch, [job], {str(job.id): count})
+            item = generate.Denoised(claimed, rows, images, set(), time.time(), 0.1)
+            canceller = None
+            if expect == "cancelled":
+                canceller = threading.Timer(1.0, lambda j=job: actions.cancel_job(GenerationJob.objects.get(id=j.id)))
+                canceller.start()
+            with override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=4, IMAGEGEN_UPLOAD_BACKOFF=0.01,
+                                   IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF=0.2), \
+                    mock.patch.object(jobs.storage, "quarantine_storage", return_value=storage), \
+                    mock.patch.object(generate, "quarantine_storage", return_value=storage), \
+                    mock.patch.object(generate, "send_stage"):
+                runner._hand_off(item)
+            if canceller is not None:
+                canceller.join()
+            job.refresh_from_db()
+            job.batch.refresh_from_db()
+            made = list(GeneratedImage.objects.filter(job=job))
+            files = sorted(str(p.relative_to(location)) for p in location.rglob("*") if p.is_file()) if location.exists() else []
+            rows_without_bytes = sum(1 for r in made if not storage.exists(r.storage_key) or storage.size(r.storage_key) != r.byte_size)
+            leftover = [f for f in files if f not in {r.storage_key for r in made}]
+            status = "handed off" if job.status == "running" and job.batch.stage == "classify" else job.status
+            results.append({"case": name, "count": count, "status": status, "expected": expect, "reason": job.reason,
+                            "rows": len(made), "save_calls": storage.calls, "rows_without_bytes": rows_without_bytes,
+                            "leftover_objects": len(leftover), "ok": status == expect and not rows_without_bytes
+                            and not leftover and (len(made) == count if expect == "handed off" else len(made) == 0)})
+            GenerationJob.objects.filter(id=job.id).delete()
+    finally:
+        runner.close(timeout=5)
     return {"cases": len(results), "failed_cases": sum(1 for r in results if not r["ok"]),
             "rows_without_bytes": sum(r["rows_without_bytes"] for r in results),
             "leftover_objects": sum(r["leftover_objects"] for r in results), "detail": results}
@@ -662,8 +685,9 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
     """Random bodies (JSON and raw), content types, Authorization headers, query strings on
     GET /api/v1/jobs (cursor!) and paths under /api/v1/jobs/. No 5xx; every non-202 submit
     leaves the row count unchanged; every 202 adds exactly one job, owned by the caller."""
-    from hypothesis import HealthCheck, Phase, given, seed as hseed, settings as hsettings
-    from hypothesis import strategies as st
+    from hypothesis import HealthCheck, Phase, given
+    from hypothesis import seed as hseed
+    from hypothesis import settings as hsettings
     from rest_framework.test import APIClient
 
     from jobs.models import GenerationJob

@@ -42,9 +42,9 @@ def main() -> None:
     from django.conf import settings
     from rest_framework.test import APIClient
 
-    from gpu_tasks import scheduler
     from gpu_tasks.simulated import step_seconds
     from jobs.models import Batch, GenerationJob
+    from scheduling import scheduler
 
     result: dict = {"command": "python bench/scale.py " + " ".join(sys.argv[1:]), "steps": a.steps,
                     "step_ms": a.step_ms, "marginal": a.marginal, "cap": a.cap}

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.procs import stop_group  # noqa: E402
+
 PY = sys.executable
 TERMINAL = {"done", "blocked", "failed", "cancelled"}
 LOAD_BEFORE = (0.0, 0.0, 0.0)

@@ -23,7 +23,7 @@ def suggest_cap(throughput: dict[int, float], min_gain: float = 0.10) -> int:
     """The smallest batch after which doubling gains less than min_gain."""
     sizes = sorted(throughput)
     best = sizes[0]
-    for smaller, larger in zip(sizes, sizes[1:]):
+    for smaller, larger in zip(sizes, sizes[1:], strict=False):
         if throughput[larger] >= throughput[smaller] * (1 + min_gain):
             best = larger
         else:

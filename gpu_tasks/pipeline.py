@@ -13,9 +13,9 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from django.conf import settings
@@ -148,10 +148,10 @@ def apply_runtime_levers(pipe) -> None:
         pipe.unet = torch.compile(pipe.unet, mode=settings.IMAGEGEN_COMPILE_MODE, fullgraph=False)
 
 
-def warm_up(model: "LoadedModel") -> float:
+def warm_up(model: LoadedModel) -> float:
     """Run every menu shape at batch 1 and at its cap once, so that no request pays for a
     compilation (torch.compile specialises on shapes) or a first-call allocation."""
-    from gpu_tasks.scheduler import cap_for
+    from scheduling.scheduler import cap_for
 
     started = time.monotonic()
     for width, height in settings.IMAGEGEN_SIZE_MENU:
@@ -179,9 +179,3 @@ def get_model() -> LoadedModel:
             else:
                 _loaded = LoadedModel(settings.IMAGEGEN_MODEL_PATH, settings.IMAGEGEN_DEVICE)
         return _loaded
-
-
-def encode_png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG", optimize=False)
-    return buf.getvalue()

@@ -5,24 +5,25 @@ from __future__ import annotations
 import json
 import time
 
+from celery import shared_task
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.shortcuts import render
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 
 SAMPLES_KEY = f"{PREFIX}samples"
 KEEP = 60
 
 
 def current_figures() -> dict:
-    from gpu_tasks import scheduler
-    from gpu_tasks.worker import busy_fractions, live_workers
     from imagegen import metrics
-    from jobs.admission import COST_KEY, seconds_per_image
+    from jobs.actions import review_queue
     from jobs.cache import stats
     from safety.models import SafetyVerdict
-    from safety.review import review_queue
+    from scheduling import scheduler
+    from scheduling.costs import COST_KEY, seconds_per_image
+    from scheduling.heartbeats import busy_fractions, live_workers
 
     model = settings.IMAGEGEN_MODEL_NAME
     costs = get_redis().hgetall(COST_KEY)
@@ -85,7 +86,7 @@ def dashboard(request):
     samples = [json.loads(s) for s in reversed(get_redis().lrange(SAMPLES_KEY, 0, -1))]
     throughput = [
         (b["time"], max(0.0, (b["images_total"] - a["images_total"]) / max(1.0, b["time"] - a["time"]) * 60))
-        for a, b in zip(samples, samples[1:])
+        for a, b in zip(samples, samples[1:], strict=False)
     ]
     return render(request, "staff/dashboard.html", {
         "f": figures,
@@ -95,3 +96,9 @@ def dashboard(request):
         "queue_max": max((s["queued_images"] for s in samples), default=0),
         "throughput_max": round(max((t for _, t in throughput), default=0), 1),
     })
+
+
+@shared_task(name="imagegen.dashboard.sample_figures")
+def sample_figures() -> dict:
+    """Periodic: one sample a minute for the last-hour plot."""
+    return record_sample()

@@ -20,14 +20,14 @@ def readyz(request):
     except Exception as exc:
         checks["database"] = f"unavailable: {type(exc).__name__}"
     try:
-        from gpu_tasks.redis_conn import get_redis
+        from imagegen.redis_client import get_redis
 
         get_redis().ping()
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"unavailable: {type(exc).__name__}"
     if checks["redis"] == "ok":
-        from gpu_tasks.worker import live_workers
+        from scheduling.heartbeats import live_workers
 
         n = len(live_workers(settings.IMAGEGEN_MODEL_NAME))
         checks["gpu_workers"] = "ok" if n else f"no live GPU worker for {settings.IMAGEGEN_MODEL_NAME}"

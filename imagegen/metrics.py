@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,7 @@ HELP = {
     "imagegen_batches_total": "Pipeline passes run",
     "imagegen_gpu_seconds_total": "GPU-seconds spent in pipeline passes, per worker",
     "imagegen_requeues_total": "Jobs requeued after their worker was lost",
+    "imagegen_stage_reruns_total": "Batches whose classify or publish stage was run again after its worker was lost",
     "imagegen_attempts_total": "Generation attempts started",
     "imagegen_cache_hits_total": "Images served from the request-hash cache",
     "imagegen_cache_misses_total": "Images that had to be generated",

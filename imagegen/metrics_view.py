@@ -52,10 +52,10 @@ class ImagegenCollector:
             yield family
 
     def _queue(self):
-        from gpu_tasks import scheduler
-        from gpu_tasks.redis_conn import get_redis
-        from gpu_tasks.worker import busy_fractions, live_workers
-        from jobs.admission import COST_KEY, seconds_per_image
+        from imagegen.redis_client import get_redis
+        from scheduling import scheduler
+        from scheduling.costs import COST_KEY, seconds_per_image
+        from scheduling.heartbeats import busy_fractions, live_workers
 
         model = settings.IMAGEGEN_MODEL_NAME
         costs = get_redis().hgetall(COST_KEY)
@@ -87,8 +87,8 @@ class ImagegenCollector:
         yield busy
 
     def _database(self):
+        from jobs.actions import review_queue
         from jobs.models import GeneratedImage, GenerationJob
-        from safety.review import review_queue
         from safety.models import SafetyVerdict
 
         outcomes = CounterMetricFamily(

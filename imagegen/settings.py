@@ -6,7 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from imagegen.env import env_bool, env_float, env_int, env_caps, env_list, env_sizes, env_str
+from imagegen.env import env_bool, env_caps, env_float, env_int, env_list, env_sizes, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("IMAGEGEN_VAR_DIR", str(BASE_DIR / "var")))
@@ -187,6 +187,9 @@ IMAGEGEN_SAFETY_POLICY = env_str("IMAGEGEN_SAFETY_POLICY", str(BASE_DIR / "safet
 QUEUE_CPU = env_str("IMAGEGEN_QUEUE_CPU", "cpu")
 QUEUE_IO = env_str("IMAGEGEN_QUEUE_IO", "io")
 QUEUE_GPU_PREFIX = env_str("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.")
+# The image gate does not depend on the model: one classify queue serves every lane (its
+# workers are pinned to a GPU in production, or run on a cheap fleet).
+QUEUE_CLASSIFY = env_str("IMAGEGEN_QUEUE_CLASSIFY", "classify")
 QUEUE_GPU = QUEUE_GPU_PREFIX + IMAGEGEN_MODEL_NAME
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
@@ -196,12 +199,20 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
-CELERY_TASK_ROUTES = {
-    "safety.tasks.check_prompt": {"queue": QUEUE_CPU},
-    "jobs.tasks.reap": {"queue": QUEUE_CPU},
-    "jobs.tasks.sample_figures": {"queue": QUEUE_CPU},
-    "gpu_tasks.tasks.run_batch": {"queue": QUEUE_GPU},
+# Every task's queue; `{lane}` queues take the lane from the task's first argument
+# (imagegen/celery_routes.py). The stages of one job: check_prompt (cpu) -> run_batch
+# (gpu.<lane>) -> classify_batch (classify) -> publish_batch (io).
+IMAGEGEN_TASK_QUEUES = {
+    "jobs.tasks.check_prompt": QUEUE_CPU,
+    "gpu_tasks.tasks.run_batch": QUEUE_GPU_PREFIX + "{lane}",
+    "gpu_tasks.tasks.classify_batch": QUEUE_CLASSIFY,
+    "jobs.tasks.publish_batch": QUEUE_IO,
+    "jobs.tasks.reap": QUEUE_CPU,
+    "imagegen.dashboard.sample_figures": QUEUE_CPU,
+    "jobs.retention.run_retention": QUEUE_IO,
+    "jobs.cdn.retry_purge": QUEUE_IO,
 }
+CELERY_TASK_ROUTES = ("imagegen.celery_routes.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
@@ -210,7 +221,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap": {"task": "jobs.tasks.reap", "schedule": IMAGEGEN_REAPER_INTERVAL},
-    "sample-figures": {"task": "jobs.tasks.sample_figures", "schedule": 60.0},
+    "sample-figures": {"task": "imagegen.dashboard.sample_figures", "schedule": 60.0},
 }
 
 CHANNEL_LAYERS = {
@@ -298,6 +309,15 @@ IMAGEGEN_S3_COLD_STORAGE_CLASS = env_str("IMAGEGEN_S3_COLD_STORAGE_CLASS", "STAN
 # store_bytes retries transient storage errors this many times in all, backing off exponentially.
 IMAGEGEN_UPLOAD_ATTEMPTS = env_int("IMAGEGEN_UPLOAD_ATTEMPTS", 4)
 IMAGEGEN_UPLOAD_BACKOFF = env_float("IMAGEGEN_UPLOAD_BACKOFF", 0.2)  # seconds before the first retry; doubles
+# The GPU worker's hand-off: images are encoded and written to quarantine off the denoising
+# thread, by this many encoder threads, with at most HANDOFF_DEPTH denoised batches waiting
+# (the denoising thread waits beyond that, so memory stays flat when storage is slow).
+IMAGEGEN_ENCODE_THREADS = env_int("IMAGEGEN_ENCODE_THREADS", 2)
+IMAGEGEN_HANDOFF_DEPTH = env_int("IMAGEGEN_HANDOFF_DEPTH", 2)
+IMAGEGEN_PNG_COMPRESS_LEVEL = env_int("IMAGEGEN_PNG_COMPRESS_LEVEL", 3)  # zlib 0-9: 3 is half the time of 6 for ~3% more bytes
+# A denoised image is never dropped for a storage outage: its write to quarantine is retried
+# with backoff up to this many seconds apart, for as long as this worker still holds the job.
+IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF", 10.0)
 
 
 def s3_storages(
@@ -343,7 +363,7 @@ def s3_storages(
         "querystring_auth": False,  # plain, cacheable URLs: no per-request signature
         "custom_domain": custom_domain or None,
         "url_protocol": url_protocol,
-        "object_parameters": {"CacheControl": cache_control, "ContentType": "image/png"},
+        "object_parameters": {"CacheControl": cache_control},  # ContentType from the key's extension
         "default_acl": public_acl or None,
     }
     private = {
@@ -353,7 +373,7 @@ def s3_storages(
         "client_config": config(),
         "querystring_auth": True,  # staff links are presigned and short-lived
         "querystring_expire": presign_seconds,
-        "object_parameters": {"CacheControl": "private, no-store", "ContentType": "image/png"},
+        "object_parameters": {"CacheControl": "private, no-store"},
         "default_acl": "private" if public_acl else None,
     }
     return {
@@ -399,7 +419,5 @@ IMAGEGEN_DROP_COLD_BYTES = env_bool("IMAGEGEN_DROP_COLD_BYTES", False)
 IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
-CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn"]
-CELERY_TASK_ROUTES["jobs.retention.run_retention"] = {"queue": QUEUE_IO}
-CELERY_TASK_ROUTES["jobs.cdn.retry_purge"] = {"queue": QUEUE_IO}
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard"]
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

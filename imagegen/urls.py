@@ -1,7 +1,5 @@
-from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path
-
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health

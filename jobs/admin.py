@@ -31,7 +31,7 @@ class GeneratedImageAdmin(admin.ModelAdmin):
 
     @admin.action(description="Reject delivered image(s): take down and purge from the CDN", permissions=["review"])
     def reject_delivered(self, request, queryset):
-        from safety.review import reject_delivered
+        from jobs.actions import reject_delivered
 
         count = sum(reject_delivered(image, request.user, request.POST.get("notes", "")) for image in queryset)
         self.message_user(request, f"took down {count} public object(s)", messages.SUCCESS)
@@ -51,3 +51,5 @@ class GeneratedImageAdmin(admin.ModelAdmin):
 class BatchAdmin(admin.ModelAdmin):
     list_display = ("started_at", "width", "height", "steps", "size", "cap", "gpu_seconds", "worker")
     readonly_fields = [f.name for f in Batch._meta.fields]
+
+from jobs import review_admin  # noqa: E402,F401  (the moderators' review queue)

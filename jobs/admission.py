@@ -1,15 +1,11 @@
 """Honest wait estimates and admission control.
 
-Cost model, measured by the GPU workers and kept in one Redis hash:
-- per shape and batch size, a moving average of the seconds one pass takes (`<shape>#<size>`);
-- per shape, GPU-seconds per image, and across shapes GPU-seconds per megapixel-step (for
-  shapes not measured yet);
-- the time a job spends outside the queue and the pass: the prompt check, the claim, the image
-  gate and delivery (`_overhead`).
-Heartbeats give the number of live GPU workers per model.
+The cost model (pass seconds per shape and size, the overhead after a pass) is measured by the
+workers and kept in Redis (scheduling/costs.py); heartbeats give the live GPU workers per lane
+(scheduling/heartbeats.py).
 
 The estimate replays the scheduler: the live GPUs become free when their running passes end;
-each free GPU takes from the queued work by the scheduler's own rules (gpu_tasks/policy.py,
+each free GPU takes from the queued work by the scheduler's own rules (scheduling/policy.py,
 the Python twin of the Lua take), waits the fill wait when its batch is partial, and runs the
 pass for its measured time. The job's estimate is the end of the pass that takes it, plus the
 overhead. Jobs still in the prompt check count as queued ahead. Work that arrives later is not
@@ -32,83 +28,16 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.utils import timezone
 
-from gpu_tasks import policy, scheduler
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from scheduling import costs as cost_model
+from scheduling import policy, scheduler
+from scheduling.costs import pass_seconds, seconds_per_image
 
-COST_KEY = f"{PREFIX}cost"
-GLOBAL_FIELD = "_per_mpx_step"
-OVERHEAD_FIELD = "_overhead"
 PROMPT_CHECK_SECONDS = 0.05  # about one prompt check, for joining a pass still filling
-EWMA_ALPHA = 0.3
 NEW_JOB = "\0new"  # the replay's id for a job not submitted yet
 
 
-def _ewma(old, new: float) -> float:
-    return new if old is None else EWMA_ALPHA * new + (1 - EWMA_ALPHA) * float(old)
-
-
-def record_batch_cost(shape: str, images: int, seconds: float) -> None:
-    """Called by the GPU worker after each pass of `images` rows."""
-    if images <= 0 or seconds <= 0:
-        return
-    info = scheduler.parse_shape(shape)
-    per_image = seconds / images
-    per_unit = per_image / (info["width"] * info["height"] / 1e6 * info["steps"])
-    pass_field = f"{shape}#{images}"
-    r = get_redis()
-    old_image, old_unit, old_pass = r.hmget(COST_KEY, [shape, GLOBAL_FIELD, pass_field])
-    r.hset(COST_KEY, mapping={shape: _ewma(old_image, per_image), GLOBAL_FIELD: _ewma(old_unit, per_unit),
-                              pass_field: _ewma(old_pass, seconds)})
-
-
-def record_overhead(samples: list[float]) -> None:
-    """Called after delivery with each first-attempt job's seconds outside the queue and the
-    pass: the claim and the image gate and delivery. (The prompt check is not in it: its time
-    depends on the checks waiting at that moment, which the estimate counts as queued work.)"""
-    if not samples:
-        return
-    r = get_redis()
-    r.hset(COST_KEY, OVERHEAD_FIELD, _ewma(r.hget(COST_KEY, OVERHEAD_FIELD), max(0.0, sum(samples) / len(samples))))
-
-
-def seconds_per_image(shape: str, costs: dict | None = None) -> float:
-    costs = costs if costs is not None else get_redis().hgetall(COST_KEY)
-    if shape in costs:
-        return float(costs[shape])
-    info = scheduler.parse_shape(shape)
-    unit = float(costs.get(GLOBAL_FIELD, settings.IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP))
-    return unit * info["width"] * info["height"] / 1e6 * info["steps"]
-
-
-def pass_seconds(shape: str, images: int, costs: dict) -> float:
-    """Seconds one pass of `images` rows of `shape` takes: measured at that size; else between
-    the nearest measured sizes (linear); else from the per-image figure."""
-    exact = costs.get(f"{shape}#{images}")
-    if exact is not None:
-        return float(exact)
-    measured = sorted(
-        (int(field.rsplit("#", 1)[1]), float(value)) for field, value in costs.items()
-        if field.startswith(shape + "#") and field.rsplit("#", 1)[1].isdigit()
-    )
-    below = [m for m in measured if m[0] < images]
-    above = [m for m in measured if m[0] > images]
-    if below and above:
-        (b0, s0), (b1, s1) = below[-1], above[0]
-        return s0 + (s1 - s0) * (images - b0) / (b1 - b0)
-    if len(measured) >= 2:  # extrapolate along the nearest two measured sizes
-        if above:  # smaller than any measured: no cheaper per image than the smallest measured
-            (b0, s0), (b1, s1) = measured[0], measured[1]
-            return max(s0 * images / b0, s0 - max(0.0, (s1 - s0) / (b1 - b0)) * (b0 - images))
-        (b0, s0), (b1, s1) = measured[-2], measured[-1]
-        return s1 + max(0.0, (s1 - s0) / (b1 - b0)) * (images - b1)
-    if measured:  # one size measured: scale by size, the pessimistic side for larger passes
-        b0, s0 = measured[0]
-        return s0 * images / b0 if images > b0 else s0
-    return seconds_per_image(shape, costs) * images
-
-
 def active_gpus(model_name: str | None = None) -> int:
-    from gpu_tasks.worker import live_workers
+    from scheduling.heartbeats import live_workers
 
     return len(live_workers(model_name or settings.IMAGEGEN_MODEL_NAME))
 
@@ -138,19 +67,29 @@ class _Filling:
 
 def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Filling]]:
     """Seconds until each live GPU is free (its running pass's measured time less the time it
-    has run; idle GPUs: 0), and the passes still waiting for more of their shape."""
+    has run, then the pass of any batch it took ahead while this one runs; idle GPUs: 0), and
+    the passes still waiting for more of their shape."""
     from jobs.models import Batch, GenerationJob
 
     batch_ids = set(GenerationJob.objects.filter(status="running").exclude(batch=None).values_list("batch_id", flat=True)[:1000])
+    by_worker: dict[str, list] = {}
+    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None).order_by("started_at"):
+        by_worker.setdefault(batch.worker or str(batch.id), []).append(batch)
     remaining, filling = [], []
-    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None):
-        shape = scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale, batch.scheduler)
-        size = max(1, batch.size)
-        started_in = batch.started_at.timestamp() - now
-        fill = settings.IMAGEGEN_FILL_WAIT if size < batch.cap else 0.0
-        remaining.append(max(0.0, started_in + fill + pass_seconds(shape, size, costs)))
-        if fill and started_in + fill > 0:
-            filling.append(_Filling(shape, batch.cap - size, started_in + fill, started_in))
+    for batches in by_worker.values():
+        free_in = 0.0
+        for batch in batches:
+            shape = scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale, batch.scheduler)
+            size = max(1, batch.size)
+            started_in = (batch.pass_started_at or batch.started_at).timestamp() - now
+            fill = settings.IMAGEGEN_FILL_WAIT if size < batch.cap and batch.pass_started_at is None else 0.0
+            if batch.pass_started_at is None and free_in > 0:  # taken ahead: runs when the current pass ends
+                free_in += pass_seconds(shape, size, costs)
+            else:
+                free_in = max(free_in, started_in + fill + pass_seconds(shape, size, costs))
+            if fill and started_in + fill > 0:
+                filling.append(_Filling(shape, batch.cap - size, started_in + fill, started_in))
+        remaining.append(max(0.0, free_in))
     remaining.sort()
     return (remaining + [0.0] * gpus)[:gpus], filling
 
@@ -227,7 +166,7 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
     """For a new job (enqueued_at None) or one already queued since enqueued_at (job_id: its id)."""
     model_name = model_name or settings.IMAGEGEN_MODEL_NAME
     now = time.time()
-    costs = get_redis().hgetall(COST_KEY)
+    costs = cost_model.costs()
     entries = [(s, e) for s, es in scheduler.queued_entries(model_name).items() for e in es]
     queued_images = sum(e[1] for _, e in entries)
     target = job_id if job_id is not None and any(e[0] == job_id for _, e in entries) else NEW_JOB
@@ -254,7 +193,7 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
                 end = joined if end is None else min(end, joined)
     if end is None:  # cannot happen with the real policy; stay honest with the plain bound
         end = work_ahead / gpus + pass_seconds(shape, images, costs) + settings.IMAGEGEN_FILL_WAIT
-    overhead = float(costs.get(OVERHEAD_FIELD, 0.0))
+    overhead = cost_model.overhead(costs)
     return Estimate(end + overhead, len(ahead), work_ahead, queued_images, gpus)
 
 

@@ -16,7 +16,7 @@ import logging
 
 from django.conf import settings
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 from safety.policy_version import policy_version
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def lookup(job) -> dict[int, object]:
     r = get_redis()
     keys = [request_key(job, i) for i in range(job.count)]
     found = {}
-    for index, (key, image_id) in enumerate(zip(keys, r.mget(keys))):
+    for index, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
         image = _servable(image_id) if image_id else None
         if image is not None:
             found[index] = image

@@ -91,4 +91,4 @@ def retry_purge(self, urls: list[str]) -> None:
     try:
         _hook()(list(urls))
     except Exception as exc:
-        raise self.retry(exc=exc, countdown=min(3600, 30 * 2**self.request.retries))
+        raise self.retry(exc=exc, countdown=min(3600, 30 * 2**self.request.retries)) from exc

@@ -1,22 +1,18 @@
 """DELETE /api/v1/jobs/{id}: the owner deletes a job; its images are purged.
 
 Public objects are deleted (unless another row still shares them through the request-hash
-cache) and the CDN is purged (jobs.purge.take_down); private quarantine copies are deleted
+cache) and the CDN is purged (jobs.actions.take_down); private quarantine copies are deleted
 too; then the job row goes, with its images and verdicts (the owner asked for the content to be
 gone). A job that has not finished is cancelled first. 204; 404 for anyone but the owner.
 """
 
 from __future__ import annotations
 
-from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 
 from jobs import actions
-from jobs.models import GeneratedImage
-from jobs.purge import take_down
-from jobs.storage import delete_quietly, quarantine_storage
 from jobs.views import JobDetail, own_job
 
 
@@ -35,15 +31,5 @@ class JobDetailDelete(JobDetail):
         responses={204: None},
     )
     def delete(self, request, job_id):
-        job = own_job(request, job_id)
-        if not job.is_terminal:
-            actions.cancel_job(job)
-        images = list(job.images.all())
-        private_keys = [im.storage_key for im in images if im.tier == "quarantine"]
-        with transaction.atomic():
-            take_down(images, keep_private_copy=False)
-            job.delete()
-        for key in private_keys:
-            if not GeneratedImage.objects.filter(storage_key=key, tier="quarantine").exists():
-                delete_quietly(key, quarantine_storage())
+        actions.delete_job(own_job(request, job_id))
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -16,7 +16,7 @@ import time
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,17 @@ class JobStatus(models.TextChoices):
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class BatchStage(models.TextChoices):
+    GENERATE = "generate"  # taken and claimed; denoising on a GPU worker
+    CLASSIFY = "classify"  # images in quarantine; waiting for / in the image gate
+    PUBLISH = "publish"  # verdicts recorded; waiting for / in the publish stage
+    DONE = "done"
+
+
 class Batch(models.Model):
-    """One pass of the pipeline: the images of one shape that ran together."""
+    """One pass of the pipeline: the images of one shape that ran together, and the stage it
+    has reached. Past generation the batch holds the lease (its jobs' leases are cleared at the
+    hand-off), so the reaper re-runs a stuck batch from its stage instead of generating again."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     model_version = models.CharField(max_length=100)
@@ -32,9 +41,15 @@ class Batch(models.Model):
     size = models.PositiveIntegerField(help_text="images in the pass")
     cap = models.PositiveIntegerField(help_text="the shape's batch cap when it ran")
     worker = models.CharField(max_length=200, blank=True, default="")
+    lane = models.CharField(max_length=200, blank=True, default="")
     gpu_seconds = models.FloatField(null=True, blank=True)
-    started_at = models.DateTimeField(auto_now_add=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True, help_text="taken from the scheduler")
+    pass_started_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call began")
+    finished_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call ended")
+    stage = models.CharField(max_length=16, choices=BatchStage.choices, default=BatchStage.GENERATE, db_index=True)
+    stage_attempts = models.PositiveSmallIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    gate_error = models.TextField(blank=True, default="")
 
     class Meta:
         verbose_name_plural = "batches"
@@ -109,6 +124,8 @@ class GenerationJob(models.Model):
 class GeneratedImage(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="images")
+    # The pass that made it (None for a request-hash cache hit, which shares another job's object).
+    batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="images")
     index = models.PositiveSmallIntegerField()
     seed = models.BigIntegerField()
     # Not unique: a request-hash cache hit shares the stored object of an identical earlier

@@ -1,6 +1,6 @@
 """The OpenAI Images API shape: POST /v1/images/generations, GET /v1/models[/{id}].
 
-A request becomes a normal job through jobs.actions.submit_job (the same prompt and image
+A request becomes a normal job through jobs.submit.submit_job (the same prompt and image
 gates, batching and cache as the native API), and the view waits for it, polling the row,
 for at most IMAGEGEN_OPENAI_WAIT_SECONDS. Auth is `Authorization: Bearer <token>` with the
 native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, param, code}}`:
@@ -36,12 +36,12 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import actions
 from jobs.api_errors import exception_handler as native_exception_handler
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.schema import ImagesResponseSerializer, ModelListSerializer, ModelSerializer
 from jobs.serializers import JobCreateSerializer
 from jobs.storage import image_url, public_storage
+from jobs.submit import submit_job
 
 try:  # admission control (per-user limits, the honest wait limit): the native API answers 429
     from jobs.admission import Refused
@@ -315,7 +315,7 @@ class ImageGenerations(OpenAICompatibleView):
         form.is_valid(raise_exception=True)
         attrs = form.validated_data
         try:
-            job = actions.submit_job(request.user, _native_data(attrs))
+            job = submit_job(request.user, _native_data(attrs))
         except Refused as refused:
             raise OpenAIError(
                 429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",

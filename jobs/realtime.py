@@ -6,8 +6,8 @@ import asyncio
 import logging
 import weakref
 
-from channels.layers import get_channel_layer
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import AnonymousUser
 
 from jobs.events import group_name, last_state
@@ -121,7 +121,7 @@ class EventOrder:
 
 
 class _Subscription:
-    def __init__(self, hub: "JobHub", job_id: str):
+    def __init__(self, hub: JobHub, job_id: str):
         self.hub = hub
         self.job_id = job_id
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -192,7 +192,7 @@ class JobHub:
                 sub.queue.put_nowait(event)
 
 
-_hubs: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, JobHub]" = weakref.WeakKeyDictionary()
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, JobHub] = weakref.WeakKeyDictionary()
 
 
 def job_hub() -> JobHub:

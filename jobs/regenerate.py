@@ -3,7 +3,7 @@
 An image is a pure function of (prompt, negative prompt, size, steps, guidance, scheduler, seed,
 model version), so while the job's model version is the one served, ``GET /api/v1/images/<id>``
 on a dropped image submits an ordinary job with the same inputs and the image's own seed
-(count 1) through ``jobs.actions.submit_job`` (prompt gate, admission, GPU batch and image gate
+(count 1) through ``jobs.submit.submit_job`` (prompt gate, admission, GPU batch and image gate
 all apply again; the request-hash cache misses because the bytes are gone) and answers 202 with
 that job. Each later GET polls it; once it is done, ``complete_regeneration`` compares the new
 image's sha256 with the stored one:
@@ -31,7 +31,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 
 log = logging.getLogger(__name__)
@@ -150,11 +150,11 @@ def fetch_or_regenerate(image: GeneratedImage, user) -> Response:
     token = f"pending:{secrets.token_hex(8)}"
     if not r.set(key, token, nx=True, ex=60):
         return _accepted(image, None)
-    from jobs import actions
     from jobs.admission import Refused
+    from jobs.submit import submit_job
 
     try:
-        job = actions.submit_job(user, regeneration_request(image))
+        job = submit_job(user, regeneration_request(image))
     except Refused as refused:
         r.delete(key)
         return Response(

@@ -31,7 +31,7 @@ from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 from jobs import cdn
 from jobs.models import GeneratedImage
 from jobs.storage import image_url, is_s3, public_storage, s3_location

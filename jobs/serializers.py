@@ -14,7 +14,7 @@ def _no_lone_surrogates(value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise serializers.ValidationError("contains characters that are not valid Unicode text (lone surrogates)")
+        raise serializers.ValidationError("contains characters that are not valid Unicode text (lone surrogates)") from None
     return value
 
 

@@ -45,7 +45,7 @@ async def job_events(request, job_id):
             while True:
                 try:
                     event = await asyncio.wait_for(subscription.queue.get(), timeout=KEEPALIVE_SECONDS)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     yield ": keepalive\n\n"
                     # The row is the truth: a final event lost in transit still ends the stream.
                     for event in await current_events(job_id, status_only=True):

@@ -42,10 +42,10 @@ def staff_image(request, image_id):
         try:
             handle = storage.open(image.storage_key, "rb")
         except (FileNotFoundError, OSError):
-            raise Http404("no such image")
+            raise Http404("no such image") from None
         except Exception as exc:  # botocore ClientError 404 / NoSuchKey
             if "404" in str(exc) or "NoSuchKey" in str(exc) or "Not Found" in str(exc):
-                raise Http404("no such image")
+                raise Http404("no such image") from exc
             raise
         response = FileResponse(handle, content_type=image.content_type or "image/png")
     response["Cache-Control"] = "private, no-store"

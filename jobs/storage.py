@@ -1,4 +1,7 @@
-"""Where image bytes go: public storage for delivered images, private quarantine for the rest.
+"""Where image bytes go: every generated image is written to private quarantine first; only the
+publish stage (after an allow verdict) or a moderator's approval moves it to public storage, by
+a server-side copy (`publish_object`). Nothing else in the project writes to public storage
+(tests/test_pipeline_stages.py checks the source for it).
 
 Both are entries of settings.STORAGES: "default" (public: immutable keys, long-cached URLs) and
 "quarantine" (private: staff only). The embedded default is two local folders; with
@@ -10,10 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import random
 import secrets
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -56,9 +62,9 @@ class StoredObject:
     byte_size: int
 
 
-def new_image_key() -> str:
+def new_image_key(extension: str = "png") -> str:
     # Unguessable and never reused: an object under a key never changes, so it can be cached forever.
-    return f"i/{secrets.token_hex(16)}.png"
+    return f"i/{secrets.token_hex(16)}.{extension}"
 
 
 _TRANSIENT_S3_CODES = frozenset(
@@ -71,7 +77,8 @@ def is_transient(exc: BaseException) -> bool:
     """Worth retrying: the network, a throttling or 5xx answer from the store, a local I/O error.
     Not worth it: a refusal (403), a missing bucket (404), a bad request (400)."""
     try:
-        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError, HTTPClientError
+        from botocore.exceptions import ClientError, HTTPClientError
+        from botocore.exceptions import ConnectionError as BotoConnectionError
     except ImportError:  # pragma: no cover
         ClientError = BotoConnectionError = HTTPClientError = ()  # type: ignore[assignment]
     if ClientError and isinstance(exc, ClientError):
@@ -85,12 +92,18 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, (OSError, TimeoutError))
 
 
-def store_bytes(data: bytes, storage: Storage) -> StoredObject:
+def store_quarantined(data: bytes, extension: str = "png") -> StoredObject:
+    """Write a generated image to private quarantine storage under a new immutable key (the key
+    it keeps when it is published)."""
+    return store_bytes(data, quarantine_storage(), new_image_key(extension))
+
+
+def store_bytes(data: bytes, storage: Storage, key: str | None = None) -> StoredObject:
     """Upload under a new immutable key. Transient errors are retried with exponential backoff
     (IMAGEGEN_UPLOAD_ATTEMPTS in all, from IMAGEGEN_UPLOAD_BACKOFF seconds, with jitter); then
     the last error is raised. The caller creates rows only after this returns, so there is
     never a row without bytes."""
-    key = new_image_key()
+    key = key or new_image_key()
     attempts = max(1, int(getattr(settings, "IMAGEGEN_UPLOAD_ATTEMPTS", 4)))
     backoff = float(getattr(settings, "IMAGEGEN_UPLOAD_BACKOFF", 0.2))
     for attempt in range(1, attempts + 1):
@@ -109,6 +122,70 @@ def store_bytes(data: bytes, storage: Storage) -> StoredObject:
                 delete_quietly(key, storage)
             time.sleep(delay)
     return StoredObject(key=saved, sha256=hashlib.sha256(data).hexdigest(), byte_size=len(data))
+
+
+def _retrying(what: str, operation):
+    attempts = max(1, int(settings.IMAGEGEN_UPLOAD_ATTEMPTS))
+    for attempt in range(1, attempts + 1):
+        try:
+            return operation()
+        except Exception as exc:
+            if attempt >= attempts or not is_transient(exc):
+                raise
+            delay = settings.IMAGEGEN_UPLOAD_BACKOFF * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            log.warning("%s failed (%s: %s), attempt %d of %d; retrying in %.2fs",
+                        what, type(exc).__name__, exc, attempt, attempts, delay)
+            time.sleep(delay)
+
+
+def _copy(key: str, source: Storage, target: Storage) -> None:
+    """Copy an object between the two storages without passing its bytes through this process
+    where the backend allows: S3 CopyObject between buckets or prefixes, a file copy on local
+    storage. The target's own headers apply (public: immutable cache; private: no-store)."""
+    if is_s3(source) and is_s3(target):
+        src_bucket, src_key = s3_location(source, key)
+        dst_bucket, dst_key = s3_location(target, key)
+        extra = target._get_write_parameters(key)  # the target's Cache-Control, ACL; the key's ContentType
+        target.connection.meta.client.copy_object(
+            CopySource={"Bucket": src_bucket, "Key": src_key}, Bucket=dst_bucket, Key=dst_key,
+            MetadataDirective="REPLACE", **extra,
+        )
+        return
+    if isinstance(source, FileSystemStorage) and isinstance(target, FileSystemStorage):
+        src, dst = Path(source.path(key)), Path(target.path(key))
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        partial = dst.with_name(f".{dst.name}.{secrets.token_hex(4)}.part")
+        shutil.copyfile(src, partial)
+        os.replace(partial, dst)  # never a half-written object under the key
+        return
+    with source.open(key, "rb") as f:  # mixed backends: through this process
+        data = f.read()
+    if target.exists(key):
+        target.delete(key)
+    target.save(key, ContentFile(data))
+
+
+def publish_object(key: str) -> None:
+    """Make a quarantined object public under the same key: a server-side copy, then the private
+    copy is deleted. Idempotent: a repeat after a crash finds the public copy and finishes."""
+    public, private = public_storage(), quarantine_storage()
+    if private.exists(key):
+        _retrying(f"publishing {key}", lambda: _copy(key, private, public))
+        delete_quietly(key, private)
+    elif not public.exists(key):
+        raise FileNotFoundError(f"{key} is in neither quarantine nor public storage")
+
+
+def unpublish_object(key: str, keep_private_copy: bool = True) -> None:
+    """Take a public object down: keep a private copy for moderators (server-side copy), then
+    delete the public one. Idempotent."""
+    public, private = public_storage(), quarantine_storage()
+    if keep_private_copy and public.exists(key) and not private.exists(key):
+        try:
+            _retrying(f"keeping a private copy of {key}", lambda: _copy(key, public, private))
+        except Exception:
+            log.warning("could not keep a private copy of %s", key, exc_info=True)
+    delete_quietly(key, public)
 
 
 def delete_quietly(key: str, storage: Storage) -> None:

@@ -1,26 +1,85 @@
+"""The job lifecycle's Celery tasks and the dispatch of stages by name.
+
+Stages of one job (queues in settings.IMAGEGEN_TASK_QUEUES): check_prompt (cpu) -> run_batch
+(gpu.<lane>) -> classify_batch (classify.<lane>) -> publish_batch (io). Each task takes ids and
+dispatches the next stage after its transaction commits; the reaper dispatches a stuck stage
+again. GPU-side tasks are sent by name, so nothing here imports the GPU worker.
+"""
+
 from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from celery import current_app, shared_task
 
 log = logging.getLogger(__name__)
+
+STAGE_TASKS = {
+    "classify": "gpu_tasks.tasks.classify_batch",
+    "publish": "jobs.tasks.publish_batch",
+}
+PUBLISH_RETRY_SECONDS = 3600.0  # a storage outage shorter than this delays delivery, never fails it
+
+
+def send_stage(stage: str, lane: str, batch_id: str) -> None:
+    """Dispatch a batch's stage; never raises (a lost dispatch is re-sent by the reaper when the
+    stage's lease runs out)."""
+    try:
+        current_app.send_task(STAGE_TASKS[stage], args=[lane, batch_id])
+    except Exception:
+        log.warning("could not dispatch the %s stage of batch %s; the reaper will", stage, batch_id,
+                    exc_info=True, extra={"batch_id": batch_id, "stage": stage})
+
+
+@shared_task(name="jobs.tasks.check_prompt", acks_late=True)
+def check_prompt(job_id: str) -> str:
+    """The prompt gate, on the cpu queue, before any GPU time is spent."""
+    from jobs.prompt_gate import gate_prompt
+
+    return gate_prompt(job_id)
+
+
+@shared_task(name="jobs.tasks.publish_batch", bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=None)
+def publish_batch(self, lane: str, batch_id: str) -> list[str]:
+    """Publish a judged batch: allowed images to public storage, every job's final status."""
+    from jobs.models import Batch
+    from jobs.publish import publish
+    from jobs.storage import is_transient
+
+    try:
+        return publish(batch_id)
+    except Exception as exc:
+        if not is_transient(exc) or self.request.retries * 5 > PUBLISH_RETRY_SECONDS:
+            raise
+        from datetime import timedelta
+
+        from django.conf import settings
+        from django.utils import timezone
+
+        # Storage is away: keep the stage's lease (the reaper must not count this as a lost
+        # worker) and try again, backing off up to a minute.
+        Batch.objects.filter(id=batch_id, stage="publish").update(
+            lease_expires_at=timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS + 60)
+        )
+        log.warning("publishing batch %s failed (%s); retrying", batch_id, exc, extra={"batch_id": batch_id, "stage": "publish"})
+        raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
 
 
 @shared_task(name="jobs.tasks.reap")
 def reap() -> dict:
-    """Periodic: requeue work whose worker died, rebuild lost scheduler state."""
-    from jobs.actions import rebuild_scheduler_state, requeue_expired
+    """Periodic: requeue work whose worker died, re-run stuck stages, rebuild lost scheduler
+    state, re-send lost prompt checks."""
+    from jobs import actions
 
-    result = {**requeue_expired(), **rebuild_scheduler_state()}
+    result = actions.requeue_expired()
+    again, result["failed_in_stage"] = actions.requeue_stuck_batches()
+    for stage, lane, batch_id in again:
+        send_stage(stage, lane, batch_id)
+    result["stages_rerun"] = len(again)
+    result["restored"], recheck = actions.rebuild_scheduler_state()
+    for job_id in recheck:
+        check_prompt.delay(job_id)
+    result["rechecked"] = len(recheck)
     if any(result.values()):
         log.warning("reaper: %s", result)
     return result
-
-
-@shared_task(name="jobs.tasks.sample_figures")
-def sample_figures() -> dict:
-    """Periodic: one sample a minute for the dashboard's last-hour plot."""
-    from imagegen.dashboard import record_sample
-
-    return record_sample()

@@ -17,6 +17,7 @@ from jobs.models import GeneratedImage, GenerationJob
 from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
 from jobs.serializers import JobCreateSerializer, JobSerializer
 from jobs.storage import public_storage
+from jobs.submit import submit_job
 
 
 def own_job(request, job_id) -> GenerationJob:
@@ -64,7 +65,7 @@ class JobListCreate(ListAPIView):
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            job = actions.submit_job(request.user, serializer.validated_data)
+            job = submit_job(request.user, serializer.validated_data)
         except Refused as refused:
             metrics.inc("imagegen_shed_total", limit=refused.limit)
             return Response(
@@ -99,7 +100,7 @@ class JobAppeal(APIView):
     """The owner of a blocked job asks once for a moderator's decision."""
 
     def post(self, request, job_id):
-        from safety.review import ReviewError, appeal
+        from jobs.actions import ReviewError, appeal
 
         job = own_job(request, job_id)
         note = request.data.get("note", "") if isinstance(request.data, dict) else ""
@@ -123,8 +124,8 @@ class QueueView(APIView):
     def get(self, request):
         from django.conf import settings
 
-        from gpu_tasks import scheduler
         from jobs.admission import estimate
+        from scheduling import scheduler
 
         model = settings.IMAGEGEN_MODEL_NAME
         shapes = []

@@ -104,7 +104,8 @@ def main() -> int:
         token = manage("issue_token", "demo", "--password", "demo", env=env).strip().splitlines()[-1]
 
         gpu_queue = env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
-        cpu_queues = f"{env.get('IMAGEGEN_QUEUE_CPU', 'cpu')},{env.get('IMAGEGEN_QUEUE_IO', 'io')}"
+        classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")
+        cpu_queues = f"{env.get('IMAGEGEN_QUEUE_CPU', 'cpu')},{env.get('IMAGEGEN_QUEUE_IO', 'io')},{classify_queue}"
         celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
         children = [
             Child("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", port, "imagegen.asgi:application"], env),

@@ -58,7 +58,7 @@ class Stack:
         return proc
 
     def wait_for_gpu_workers(self, model_name: str, n: int, timeout: float = 120.0) -> None:
-        from gpu_tasks.worker import live_workers
+        from scheduling.heartbeats import live_workers
 
         deadline = time.monotonic() + timeout
         while len(live_workers(model_name)) < n:

@@ -15,6 +15,8 @@ from rest_framework.test import APIClient
 
 from scripts.procs import kill_group, stop_group
 
+pytest_plugins = ["tests.s3_fixtures", "tests.live_server"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -30,7 +32,7 @@ def tiny_model():
 
 @pytest.fixture(scope="session")
 def redis_client():
-    from gpu_tasks.redis_conn import get_redis
+    from imagegen.redis_client import get_redis
 
     r = get_redis()
     r.flushdb()
@@ -111,7 +113,7 @@ def start_worker(worker_env):
 @pytest.fixture(scope="session")
 def workers(start_worker):
     """One cpu/io worker with the reaper (beat) and one GPU worker, shared by the session."""
-    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", beat=True, wait=False)
+    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True, wait=False)
     gpu = start_worker("gpu1", settings.QUEUE_GPU)
     cpu.wait_ready()
     return {"cpu": cpu, "gpu": gpu}
@@ -168,7 +170,7 @@ def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", 
 
 def forget_cache() -> None:
     """Drop every request-hash cache entry, so an identical request is generated again."""
-    from gpu_tasks.redis_conn import PREFIX, get_redis
+    from imagegen.redis_client import PREFIX, get_redis
 
     r = get_redis()
     keys = list(r.scan_iter(f"{PREFIX}rc:*"))

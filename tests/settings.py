@@ -45,3 +45,6 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_SIZE_MENU", "64x64,96x64,64x96,96x96,60x60")
 
 from imagegen.settings import *  # noqa: E402,F401,F403
+
+# Tests create users by the hundred; the production hasher costs ~1 s each on a loaded core.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

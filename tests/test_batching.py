@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from django.conf import settings
 
-from gpu_tasks.redis_conn import PREFIX
+from imagegen.redis_client import PREFIX
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from tests.conftest import client_for, forget_cache, make_user, wait_for_status
 from tests.test_generation import pixels, submit

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_tasks import scheduler
-from gpu_tasks.redis_conn import get_redis
-from jobs.admission import COST_KEY
+from imagegen.redis_client import get_redis
 from jobs.models import Batch, GenerationJob
 from safety.models import SafetyVerdict
+from scheduling import scheduler
+from scheduling.costs import COST_KEY
 from tests.conftest import wait_for_status
 from tests.test_batching import occupy_gpu
 from tests.test_generation import submit
@@ -92,7 +92,7 @@ def test_with_allow_degrade_the_job_is_accepted_with_fewer_steps(workers, alice_
 
 
 def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("safety.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
+    monkeypatch.setattr("jobs.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 2
     for i in range(2):
         assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": i}, format="json").status_code == 202
@@ -102,7 +102,7 @@ def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, 
 
 
 def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("safety.tasks.check_prompt.delay", lambda job_id: None)
+    monkeypatch.setattr("jobs.tasks.check_prompt.delay", lambda job_id: None)
     settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY = 5
     assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 4}, format="json").status_code == 202
     response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 2}, format="json")

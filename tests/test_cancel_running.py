@@ -39,7 +39,7 @@ class Watcher:
             while not self.stop.is_set():
                 try:
                     message = await asyncio.wait_for(layer.receive(channel), timeout=0.2)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     continue
                 self.events.append((time.monotonic(), message["event"]))
         finally:

@@ -7,9 +7,10 @@ from collections import deque
 
 import pytest
 
-from gpu_tasks import scheduler
-from gpu_tasks.redis_conn import get_redis
-from jobs.admission import COST_KEY, OVERHEAD_FIELD, pass_seconds, record_batch_cost, replay
+from imagegen.redis_client import get_redis
+from jobs.admission import replay
+from scheduling import scheduler
+from scheduling.costs import COST_KEY, OVERHEAD_FIELD, pass_seconds, record_batch_cost
 
 A = scheduler.shape_key("m", 64, 64, 20, 5.0, "")
 B = scheduler.shape_key("m", 96, 96, 10, 5.0, "")

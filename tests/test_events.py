@@ -16,7 +16,6 @@ from django.test import Client
 
 from jobs import events
 from jobs.models import GenerationJob
-from tests.live_server import daphne_server  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,8 +11,8 @@ import pytest
 from django.core.management import call_command
 from django.test import Client
 
-from gpu_tasks.forecast import Inputs, forecast
 from imagegen.logs import JsonFormatter
+from scheduling.forecast import Inputs, forecast
 from tests.conftest import make_user, wait_for_status
 from tests.test_generation import submit
 
@@ -69,7 +69,7 @@ def test_readyz_is_ready_with_a_live_gpu_worker(workers):
 def test_readyz_names_redis_when_it_is_unreachable(transactional_db, monkeypatch):
     import redis
 
-    from gpu_tasks import redis_conn
+    from imagegen import redis_client as redis_conn
 
     monkeypatch.setattr(redis_conn, "_client", redis.Redis.from_url("redis://127.0.0.1:1/0", socket_timeout=0.5))
     response = Client().get("/readyz")

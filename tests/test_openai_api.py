@@ -18,7 +18,6 @@ from PIL import Image
 from rest_framework.test import APIClient
 
 from tests.conftest import make_user
-from tests.live_server import daphne_server  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "a red circle on a blue background"

@@ -7,14 +7,14 @@ import re
 import httpx
 import pytest
 import schemathesis
-from schemathesis import GenerationMode
 import yaml
-from hypothesis import HealthCheck, Phase, given, settings as hsettings
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hsettings
 from rest_framework.test import APIClient
+from schemathesis import GenerationMode
 
 from jobs.schema import url_routes
 from tests.conftest import make_user, wait_for_status
-from tests.live_server import daphne_server  # noqa: F401
 
 # Routes that are not part of the API: the admin and staff pages, the sign-in pages, the end
 # users' page, and the schema/docs routes themselves.
@@ -154,8 +154,9 @@ def test_schemathesis_live(daphne_server, fuzzer):  # noqa: F811
             suppress_health_check=list(HealthCheck),
         )
         def run(case):
-            response = case.call_and_validate(base_url=daphne_server.url, headers=headers, checks=CHECKS, timeout=30)
-            seen.setdefault(label, set()).add(response.status_code)
+            # Called right below, inside this iteration: the loop variables are the current ones.
+            response = case.call_and_validate(base_url=daphne_server.url, headers=headers, checks=CHECKS, timeout=30)  # noqa: B023
+            seen.setdefault(label, set()).add(response.status_code)  # noqa: B023
 
         try:
             run()

@@ -29,14 +29,14 @@ def rabbitmq_up() -> bool:
 def test_a_job_runs_end_to_end_over_a_rabbitmq_broker(worker_env, start_worker, alice_api, monkeypatch):
     lane = "shapes-amqp"  # its own queues, so the session's Redis-broker workers stay out of it
     env = {"CELERY_BROKER_URL": AMQP, "IMAGEGEN_QUEUE_CPU": "cpu-amqp", "IMAGEGEN_QUEUE_IO": "io-amqp",
-           "IMAGEGEN_MODEL_NAME": lane}
-    start_worker("amqp-cpu", "cpu-amqp,io-amqp", **env)
+           "IMAGEGEN_QUEUE_CLASSIFY": "classify-amqp", "IMAGEGEN_MODEL_NAME": lane}
+    start_worker("amqp-cpu", "cpu-amqp,io-amqp,classify-amqp", **env)
     start_worker("amqp-gpu", f"{settings.QUEUE_GPU_PREFIX}{lane}", **env)
     # This process is the web tier of that deployment: its first task goes out over RabbitMQ too.
     amqp_app = Celery(broker=AMQP, set_as_current=False)  # never replace the project app for later tests
     monkeypatch.setattr(
-        "safety.tasks.check_prompt.delay",
-        lambda job_id: amqp_app.send_task("safety.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
+        "jobs.tasks.check_prompt.delay",
+        lambda job_id: amqp_app.send_task("jobs.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
     )
     with override_settings(IMAGEGEN_MODEL_NAME=lane):
         job = submit(alice_api, steps=2, seed=808, prompt="a rabbit-shaped square")

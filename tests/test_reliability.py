@@ -125,12 +125,12 @@ def test_a_failing_classifier_under_load_never_delivers_an_unchecked_image(worke
     assert result["rows_without_bytes"] == 0
 
 
-def test_failing_uploads_are_retried_and_never_leave_a_row_without_bytes(alice, tmp_path):
+def test_failing_quarantine_writes_are_retried_while_held_and_never_leave_a_row_without_bytes(alice, tmp_path):
     result = rel.scenario_storage(alice, tmp_path)
     for case in result["detail"]:
         assert case["status"] == case["expected"], case
         assert case["rows_without_bytes"] == 0, case
-        assert case["rows"] == (case["count"] if case["expected"] == "done" else 0), case
+        assert case["rows"] == (case["count"] if case["expected"] == "handed off" else 0), case
     assert result["detail"][0]["save_calls"] == 4  # two failures, then two images
 
 
@@ -207,7 +207,7 @@ def test_a_broker_outage_at_commit_answers_consistently(alice_api):
     from kombu.exceptions import OperationalError
 
     body = {"prompt": "a red circle while the broker is down", "width": 64, "height": 64, "steps": 2, "seed": 9}
-    with mock.patch("safety.tasks.check_prompt.delay", side_effect=OperationalError("broker down")):
+    with mock.patch("jobs.tasks.check_prompt.delay", side_effect=OperationalError("broker down")):
         response = alice_api.post("/api/v1/jobs", body, format="json")
     assert response.status_code in (202, 503), response.status_code  # never a 500
     rows = GenerationJob.objects.filter(prompt=body["prompt"]).count()

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from django.conf import settings
 from django.core.management import call_command
 
 from gpu_tasks.tiny_pipeline import write_tiny_pipeline
-from jobs.actions import lane_of, pick_version
 from jobs.models import GenerationJob
+from scheduling.lanes import lane_of, pick_version
 from tests.conftest import wait_for_status
 from tests.test_generation import pixels, submit
 

@@ -9,8 +9,8 @@ from collections import deque
 import pytest
 from django.test import override_settings
 
-from gpu_tasks import policy, scheduler
-from gpu_tasks.redis_conn import get_redis
+from imagegen.redis_client import get_redis
+from scheduling import policy, scheduler
 
 
 def cap_of_factory(caps: dict, default: int):

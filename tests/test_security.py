@@ -97,7 +97,7 @@ async def _connects(job_id, *headers) -> bool:
     ws = _ws(job_id, *headers)
     try:
         connected, _ = await ws.connect(timeout=5)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         connected = False
     await ws.disconnect()
     return connected

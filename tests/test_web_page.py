@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_server import daphne_server  # noqa: F401
-
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"

@@ -12,8 +12,9 @@ moved jobs keep their admission time and so their place in line.
 from django.core.management.base import BaseCommand
 from django.db.models import Avg, Count, Q, Sum
 
-from jobs.actions import lane_of, move_queued
+from jobs.actions import move_queued
 from jobs.models import Batch, GenerationJob
+from scheduling.lanes import lane_of
 
 
 class Command(BaseCommand):

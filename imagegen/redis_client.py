@@ -1,4 +1,4 @@
-"""One Redis client per process for scheduler state, cancel flags and the latest job state."""
+"""One Redis client per process: scheduler state, cancel flags, the latest job state, metrics."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from gpu_tasks.redis_conn import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis
 
 
 def shape_key(model_version: str, width: int, height: int, steps: int, guidance: float, scheduler: str) -> str:
@@ -215,7 +215,7 @@ def take(model: str, only_shape: str = "", max_images: int = 0, now: float | Non
         return None
     shape, flat = result[0], result[1:]
     entries = []
-    for member, score in zip(flat[::2], flat[1::2]):
+    for member, score in zip(flat[::2], flat[1::2], strict=True):
         job_id, count = member.rsplit(":", 1)
         entries.append(Entry(job_id=job_id, count=int(count), enqueued_at=float(score)))
     return Taken(shape=shape, entries=entries)
@@ -229,7 +229,7 @@ def queued_entries(model: str) -> dict[str, list[tuple[str, int, float]]]:
     for shape in shapes:
         pipe.zrange(_bucket_key(shape), 0, -1, withscores=True)
     out = {}
-    for shape, members in zip(shapes, pipe.execute()):
+    for shape, members in zip(shapes, pipe.execute(), strict=True):
         if members:
             out[shape] = [(m.rsplit(":", 1)[0], int(m.rsplit(":", 1)[1]), score) for m, score in members]
     return out
@@ -243,4 +243,4 @@ def cancelled_among(job_ids: list[str]) -> set[str]:
     if not job_ids:
         return set()
     flags = get_redis().mget([f"{PREFIX}cancel:{j}" for j in job_ids])
-    return {j for j, flag in zip(job_ids, flags) if flag}
+    return {j for j, flag in zip(job_ids, flags, strict=True) if flag}

@@ -12,7 +12,7 @@ runs alone. With only_shape/max_images (filling a partial batch), only jobs that
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 # An entry: (job_id, images, enqueued_at); buckets: shape -> deque of entries in FIFO order.
 Entry = tuple[str, int, float]

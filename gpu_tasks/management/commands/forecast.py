@@ -1,11 +1,10 @@
-import io
 import json
 import time
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from gpu_tasks.forecast import Inputs, forecast
+from scheduling.forecast import Inputs, forecast
 
 
 class Command(BaseCommand):
@@ -47,7 +46,8 @@ class Command(BaseCommand):
         self.stdout.write(json.dumps(result, indent=None if o["as_json"] else 2))
 
     def _measure(self, width, height, steps, batches):
-        from gpu_tasks.pipeline import Row, encode_png, get_model
+        from gpu_tasks.pipeline import Row, get_model
+        from jobs.encoding import encode
 
         model = get_model()
         per_step = {}
@@ -61,7 +61,7 @@ class Command(BaseCommand):
             image = images[0]
         best_batch = min(per_step, key=per_step.get)
         return per_step[1] if 1 in per_step else per_step[min(per_step)], per_step[best_batch], best_batch, \
-            len(encode_png(image)), {"device": settings.IMAGEGEN_DEVICE, "seconds_per_image_step": per_step}
+            len(encode(image).data), {"device": settings.IMAGEGEN_DEVICE, "seconds_per_image_step": per_step}
 
     def _table(self, r):
         i = r["inputs"]

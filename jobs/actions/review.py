@@ -11,11 +11,11 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import events
-from jobs import actions
+from jobs.actions.images import take_down
+from jobs.actions.lifecycle import admit
+from jobs.actions.notify import status_on_commit
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
-from jobs.purge import take_down
-from jobs.storage import public_storage, quarantine_storage
+from jobs.storage import publish_object
 from safety.models import SafetyVerdict
 from safety.policy_version import policy_version
 
@@ -49,23 +49,11 @@ def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) 
     )
 
 
-def _publish(job_id) -> None:
-    from jobs.serializers import status_event
-
-    job = GenerationJob.objects.prefetch_related("images").get(id=job_id)
-    events.publish(job.id, status_event(job))
-
-
 def _publish_images(job: GenerationJob) -> None:
-    """Copy the job's quarantined images to public storage (same immutable key)."""
-    from django.core.files.base import ContentFile
-
+    """A moderator approved the images: quarantine -> public (same immutable key)."""
     for image in job.images.filter(tier="quarantine"):
-        with quarantine_storage().open(image.storage_key, "rb") as f:
-            data = f.read()
-        if not public_storage().exists(image.storage_key):
-            public_storage().save(image.storage_key, ContentFile(data))
-        GeneratedImage.objects.filter(id=image.id).update(tier="public")
+        publish_object(image.storage_key)
+        GeneratedImage.objects.filter(id=image.id, tier="quarantine").update(tier="public")
 
 
 def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
@@ -93,10 +81,10 @@ def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
                 if not updated:
                     raise ReviewError("the case was decided meanwhile")
                 _verdict(job, "allow", reviewer, notes, "prompt approved by a moderator")
-                transaction.on_commit(lambda: actions.admit(job.id))
+                transaction.on_commit(lambda: admit(job.id))
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")
-    _publish(job.id)
+        status_on_commit(job.id)
     return "overturned" if appeal else "approved"
 
 
@@ -119,22 +107,22 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
         if not updated:
             raise ReviewError("the case was decided meanwhile")
         _verdict(job, "block", reviewer, notes, reason)
-    _publish(job.id)
+        status_on_commit(job.id)
     return "upheld" if appeal else "rejected"
 
 
 def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
-    """An image already delivered is taken down everywhere it is shared, and its job blocked."""
+    """An image already delivered is taken down everywhere it is shared, and each job that
+    showed it goes done -> blocked (a compare-and-set: a job deleted or blocked meanwhile is left)."""
     with transaction.atomic():
-        sharing = list(GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public"))
+        sharing = list(GeneratedImage.objects.select_related("job").filter(storage_key=image.storage_key, tier="public"))
         count = take_down(sharing)
         for other in sharing:
             _verdict(other.job, "block", reviewer, notes, "image rejected by a moderator after delivery", image=other)
-            GenerationJob.objects.filter(id=other.job_id).update(
+            if GenerationJob.objects.filter(id=other.job_id, status=JobStatus.DONE).update(
                 status=JobStatus.BLOCKED, blocked_stage="human", reason=notes or "an image was rejected by a moderator"
-            )
-    for other in sharing:
-        _publish(other.job_id)
+            ):
+                status_on_commit(other.job_id)
     return count
 
 

@@ -1,4 +1,5 @@
-"""The prompt gate: allow (to the scheduler), review (held) or block, with a verdict record."""
+"""The prompt gate stage (cpu queue): allow (to the scheduler), review (held) or block, with a
+verdict record, before any GPU time is spent."""
 
 from __future__ import annotations
 

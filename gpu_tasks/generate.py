@@ -1,0 +1,445 @@
+"""The generate stage (gpu.<lane>): take a batch, claim it, denoise and decode it, write each
+image to private quarantine storage, hand the batch on to the image gate. Nothing else.
+
+The GPU never waits for CPU work:
+
+- the next batch is taken and claimed (with its fill wait) by a helper thread while the current
+  one denoises, started when the pass is about a fill wait from its end, so a batch still fills
+  with what arrives meanwhile;
+- encoding and the quarantine write run off the denoising thread: each denoised batch goes into
+  a bounded hand-off (IMAGEGEN_HANDOFF_DEPTH batches), drained by a writer thread with
+  IMAGEGEN_ENCODE_THREADS encoder threads; when storage is slow the hand-off fills and the
+  denoising thread waits, so memory stays flat;
+- leases of every job this worker holds (denoising, claimed ahead, waiting in the hand-off) are
+  renewed by a keeper thread, the denoising one only while its pass makes progress, so a hung
+  pipeline still loses its jobs to the reaper.
+
+A denoised image is never lost to a storage or broker outage: its write is retried for as long
+as this worker holds the job; the hand-off (image rows in quarantine, the batch moved to the
+classify stage) is one transaction; the classify dispatch is re-sent by the reaper if the broker
+lost it. And it never becomes public here: only the publish stage copies to public storage.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
+from PIL import Image
+from redis.exceptions import RedisError
+
+from gpu_tasks.pipeline import Row, get_model
+from imagegen import metrics
+from jobs import actions, encoding, events
+from jobs.models import Batch, GeneratedImage, GenerationJob
+from jobs.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
+from jobs.tasks import send_stage
+from scheduling import costs, heartbeats, scheduler
+
+log = logging.getLogger(__name__)
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+PREFETCH_MARGIN = 0.1  # seconds: start taking the next batch this long before the fill wait would end the pass
+TOKEN_BUDGET = 30.0  # seconds one batch token keeps running batches back to back (then others' tokens run)
+HANDOFF_DB_RETRY_SECONDS = 600.0
+
+
+@dataclass
+class Claimed:
+    batch: Batch
+    jobs: list[GenerationJob]
+    counts: dict[str, int]
+
+    @property
+    def attempts(self) -> dict[str, int]:
+        return {str(job.id): job.attempts for job in self.jobs}
+
+
+def take_and_claim(lane: str) -> Claimed | None:
+    """Take a batch from the scheduler and claim it at once; a partial batch then waits at most
+    FILL_WAIT for more of its shape, claiming each arrival as it is taken. (Claiming right after
+    taking keeps the window in which a job is neither in Redis nor running to milliseconds, so
+    the reaper's rebuild does not re-enqueue work that a worker is about to run.)"""
+    taken = scheduler.take(lane)
+    if taken is None:
+        return None
+    shape = taken.shape
+    info = scheduler.parse_shape(shape)
+    cap = scheduler.cap_for(info["width"], info["height"])
+    batch = Batch.objects.create(
+        model_version=info["model_version"], width=info["width"], height=info["height"], steps=info["steps"],
+        guidance_scale=info["guidance_scale"], scheduler=info["scheduler"], size=0, cap=cap, worker=WORKER_ID,
+        lane=lane,
+    )
+    counts: dict[str, int] = {}
+    jobs: dict[str, GenerationJob] = {}
+
+    def claim(entries) -> None:
+        fresh = [e for e in entries if e.job_id not in jobs]
+        for job in actions.claim_batch([e.job_id for e in fresh], batch.id):
+            jobs[str(job.id)] = job
+            counts[str(job.id)] = next(e.count for e in fresh if e.job_id == str(job.id))
+
+    claim(taken.entries)
+    deadline = time.monotonic() + settings.IMAGEGEN_FILL_WAIT
+    while sum(counts.values()) < cap and time.monotonic() < deadline:
+        time.sleep(0.02)
+        more = scheduler.take(lane, only_shape=shape, max_images=cap - sum(counts.values()))
+        if more is not None:
+            claim(more.entries)
+    if not jobs:
+        batch.delete()
+        return None
+    for job in jobs.values():
+        if job.queue_wait_seconds is not None:
+            metrics.observe("imagegen_queue_wait_seconds", job.queue_wait_seconds)
+    metrics.inc("imagegen_attempts_total", len(jobs))
+    batch.size = sum(counts.values())
+    batch.save(update_fields=["size"])
+    return Claimed(batch, list(jobs.values()), counts)
+
+
+@dataclass
+class Denoised:
+    claimed: Claimed
+    rows: list[Row]
+    images: list[Image.Image] | None  # None: every job was cancelled mid-pass
+    cancelled: set[str]
+    pass_started: float  # time.time()
+    seconds: float
+
+
+@dataclass
+class _Current:
+    job_ids: list[str]
+    step: int = 0
+    progressed_at: float = field(default_factory=time.monotonic)
+
+
+_STOP = object()
+
+
+class Runner:
+    """One per lane in a GPU worker process."""
+
+    def __init__(self, lane: str):
+        self.lane = lane
+        self._handoff: queue.Queue = queue.Queue(maxsize=max(1, settings.IMAGEGEN_HANDOFF_DEPTH))
+        self._encoders = concurrent.futures.ThreadPoolExecutor(
+            max(1, settings.IMAGEGEN_ENCODE_THREADS), thread_name_prefix=f"encode-{lane}"
+        )
+        self._ahead_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"take-ahead-{lane}")
+        self._ahead: concurrent.futures.Future | None = None
+        self._lock = threading.Lock()
+        self._held: dict[str, set[str]] = {}  # batch id -> job ids waiting (claimed ahead, or in the hand-off)
+        self._current: _Current | None = None
+        self._stopping = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name=f"handoff-{lane}", daemon=True)
+        self._writer.start()
+        self._keeper = threading.Thread(target=self._keep_leases, name=f"leases-{lane}", daemon=True)
+        self._keeper.start()
+
+    # --- the denoising thread -------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        """A batch token: run batches back to back while there is work (the next one taken
+        during the current pass), for at most TOKEN_BUDGET seconds."""
+        deadline = time.monotonic() + TOKEN_BUDGET
+        claimed = self._collect_ahead() or take_and_claim(self.lane)
+        ran: list[str] = []
+        while claimed is not None:
+            self._denoise(claimed, take_ahead=time.monotonic() < deadline and not self._stopping.is_set())
+            ran.append(str(claimed.batch.id))
+            claimed = self._collect_ahead()
+            if claimed is None and time.monotonic() < deadline and not self._stopping.is_set():
+                claimed = take_and_claim(self.lane)
+        return ran
+
+    def _denoise(self, claimed: Claimed, take_ahead: bool) -> None:
+        batch, jobs = claimed.batch, claimed.jobs
+        have = set(GeneratedImage.objects.filter(job__in=jobs).values_list("job_id", "index"))  # cache hits
+        rows = [
+            Row(str(job.id), index, job.prompt, job.negative_prompt, job.seed + index)
+            for job in jobs
+            for index in range(job.count)
+            if (job.id, index) not in have
+        ]
+        model = get_model()
+        job_ids = [str(job.id) for job in jobs]
+        cancelled: set[str] = set()
+        first_row: dict[str, int] = {}  # each job's preview shows its first image
+        for i, row in enumerate(rows):
+            first_row.setdefault(row.job_id, i)
+        created = {str(job.id): job.created_at.timestamp() for job in jobs}
+        previewed: set[str] = set()
+        last_preview = 0.0
+        asked_ahead = False
+        current = _Current(job_ids)
+        with self._lock:
+            self._current = current
+            self._held.pop(str(batch.id), None)
+        pass_started = time.time()
+        started = time.monotonic()
+
+        def on_step(step: int, total: int, latents) -> bool:
+            nonlocal last_preview, asked_ahead
+            try:
+                cancelled.update(scheduler.cancelled_among([j for j in job_ids if j not in cancelled]))
+            except RedisError:
+                pass  # Redis is away: keep denoising; cancels are seen when it is back (or at publish)
+            live = [j for j in job_ids if j not in cancelled]
+            if not live:
+                return True
+            now = time.monotonic()
+            current.step, current.progressed_at, current.job_ids = step, now, live
+            for job_id in live:
+                events.publish(job_id, {"type": "progress", "step": step, "total": total})
+            if take_ahead and not asked_ahead and step < total:
+                remaining = (now - started) / step * (total - step)
+                if remaining <= settings.IMAGEGEN_FILL_WAIT + PREFETCH_MARGIN:
+                    asked_ahead = True
+                    self._take_ahead()
+            if (
+                step % max(1, settings.IMAGEGEN_PREVIEW_EVERY) == 0
+                and step < total
+                and now - last_preview >= settings.IMAGEGEN_PREVIEW_MIN_INTERVAL
+            ):
+                last_preview = now
+                for job_id in live:
+                    image = model.preview(latents, first_row[job_id], batch.width, batch.height)
+                    events.publish(job_id, {"type": "preview", "step": step, "image": image})
+                    if job_id not in previewed:
+                        previewed.add(job_id)
+                        metrics.observe("imagegen_time_to_first_preview_seconds", time.time() - created[job_id])
+            return False
+
+        Batch.objects.filter(id=batch.id).update(pass_started_at=timezone.now())
+        if take_ahead and rows and batch.steps <= 1:
+            self._take_ahead()  # no step callback before the pass ends
+        try:
+            images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
+        except (RedisError, DatabaseError) as exc:
+            # Infrastructure, not the job: hand the jobs back to the reaper (lease ends now), so they
+            # are requeued and generated again instead of failing for something they did not do.
+            log.warning("batch %s interrupted by %s; returning its jobs to the queue", batch.id, type(exc).__name__,
+                        extra={"batch_id": str(batch.id), "stage": "generate"})
+            self._clear_current()
+            actions.return_to_queue_now(job_ids)
+            actions.close_empty(batch.id)
+            return
+        except Exception as exc:
+            log.exception("batch %s failed", batch.id, extra={"batch_id": str(batch.id), "stage": "generate"})
+            self._clear_current()
+            for job in jobs:
+                actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
+            _close_pass(batch, 0, time.monotonic() - started, pass_started)
+            actions.close_empty(batch.id)
+            return
+        seconds = time.monotonic() - started
+        with self._lock:
+            self._held[str(batch.id)] = set(job_ids) - cancelled
+            self._current = None
+        self._handoff.put(Denoised(claimed, rows, images, cancelled, pass_started, seconds))  # waits when full
+
+    def _clear_current(self) -> None:
+        with self._lock:
+            self._current = None
+
+    def _take_ahead(self) -> None:
+        if self._ahead is None:
+            self._ahead = self._ahead_pool.submit(self._take_ahead_job)
+
+    def _take_ahead_job(self) -> Claimed | None:
+        close_old_connections()
+        try:
+            claimed = take_and_claim(self.lane)
+        except (RedisError, DatabaseError):
+            log.warning("taking the next batch ahead failed", exc_info=True)
+            return None
+        if claimed is not None:
+            with self._lock:
+                self._held[str(claimed.batch.id)] = set(claimed.attempts)
+        return claimed
+
+    def _collect_ahead(self) -> Claimed | None:
+        if self._ahead is None:
+            return None
+        future, self._ahead = self._ahead, None
+        return future.result()
+
+    # --- the keeper thread ----------------------------------------------------------------
+
+    def _keep_leases(self) -> None:
+        every = max(0.2, min(2.0, settings.IMAGEGEN_LEASE_SECONDS / 3))
+        while not self._stopping.wait(every):
+            with self._lock:
+                waiting = [j for ids in self._held.values() for j in ids]
+                current = self._current
+            try:
+                close_old_connections()
+                if waiting:
+                    actions.renew_leases(waiting)
+                if current is not None and time.monotonic() - current.progressed_at < settings.IMAGEGEN_LEASE_SECONDS:
+                    actions.renew_leases(current.job_ids, progress_step=current.step)
+            except Exception:
+                log.warning("renewing leases failed", exc_info=True)
+
+    # --- the writer thread ----------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._handoff.get()
+            try:
+                if item is _STOP:
+                    return
+                close_old_connections()
+                self._hand_off(item)
+            except Exception:
+                # The jobs' leases stop being renewed: the reaper requeues them and they are made
+                # again (an image is a pure function of its inputs), so nothing is lost.
+                log.exception("handing off a batch failed", extra={"stage": "hand-off"})
+            finally:
+                if item is not _STOP:
+                    with self._lock:
+                        self._held.pop(str(item.claimed.batch.id), None)
+                self._handoff.task_done()
+
+    def _hand_off(self, item: Denoised) -> None:
+        batch = item.claimed.batch
+        _close_pass(batch, len(item.rows) if item.images is not None else 0, item.seconds, item.pass_started)
+        if item.images is None:
+            actions.close_empty(batch.id)
+            return
+        attempts = item.claimed.attempts
+        live = [(row, image) for row, image in zip(item.rows, item.images, strict=True) if row.job_id not in item.cancelled]
+        if not live:
+            actions.close_empty(batch.id)
+            return
+        futures = [(row, self._encoders.submit(self._write_one, row, image, batch.id, attempts)) for row, image in live]
+        concurrent.futures.wait([f for _, f in futures])
+        failed = {row.job_id: f.exception() for row, f in futures if f.exception() is not None}
+        for row, f in futures:  # a job with a failed image delivers none: never leave its other objects behind
+            if row.job_id in failed and f.exception() is None:
+                delete_quietly(f.result().key, quarantine_storage())
+        for job in item.claimed.jobs:
+            exc = failed.get(str(job.id))
+            if exc is not None and not isinstance(exc, _Abandoned):
+                log.error("storing the images of job %s failed: %s", job.id, exc, extra={"batch_id": str(batch.id)})
+                actions.fail_running(job, f"storing the images failed: {type(exc).__name__}")
+        written = [f.result() for row, f in futures if row.job_id not in failed]
+        if not written:
+            actions.close_empty(batch.id)
+            return
+        held, orphans = _retry_db(lambda: actions.hand_off(batch.id, attempts, written))
+        for w in orphans:
+            delete_quietly(w.key, quarantine_storage())
+        if held:
+            send_stage("classify", self.lane, str(batch.id))
+
+    def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int]) -> actions.Written:
+        encoded = encoding.encode(image)
+        backoff = settings.IMAGEGEN_UPLOAD_BACKOFF
+        while True:
+            try:
+                stored = store_quarantined(encoded.data, encoded.extension)
+                break
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if not _retry_db(lambda: row.job_id in actions.held_jobs(batch_id, {row.job_id: attempts[row.job_id]})):
+                    raise _Abandoned from exc
+                log.warning("quarantine write for batch %s failed (%s); retrying in %.1fs", batch_id, exc, backoff,
+                            extra={"batch_id": str(batch_id), "stage": "hand-off"})
+                time.sleep(backoff)
+                backoff = min(backoff * 2, settings.IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF)
+        return actions.Written(
+            job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width, height=image.height,
+            byte_size=stored.byte_size, sha256=stored.sha256, content_type=encoded.content_type,
+        )
+
+    # --- shutdown -------------------------------------------------------------------------
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Warm shutdown: finish the hand-offs in flight; jobs claimed ahead go back to the queue."""
+        self._stopping.set()
+        if self._ahead is not None:
+            claimed = self._collect_ahead()
+            if claimed is not None:
+                actions.return_to_queue_now(list(claimed.attempts))
+                actions.close_empty(claimed.batch.id)
+        self._handoff.put(_STOP)
+        self._writer.join(timeout)
+        self._encoders.shutdown(wait=False)
+        self._ahead_pool.shutdown(wait=False)
+
+
+class _Abandoned(Exception):
+    """The worker no longer holds the job whose image it was writing (cancelled, or requeued)."""
+
+
+def _retry_db(operation):
+    """The database is the truth, so a hand-off waits for it through an outage (bounded)."""
+    deadline = time.monotonic() + HANDOFF_DB_RETRY_SECONDS
+    delay = 0.5
+    while True:
+        try:
+            return operation()
+        except DatabaseError:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("database unavailable during a hand-off; retrying in %.1fs", delay)
+            time.sleep(delay)
+            close_old_connections()
+            delay = min(delay * 2, 10.0)
+
+
+def _close_pass(batch: Batch, images: int, seconds: float, pass_started: float) -> None:
+    """The pass is over: its GPU-seconds on the batch row, the cost model, the metrics."""
+    Batch.objects.filter(id=batch.id).update(gpu_seconds=seconds, finished_at=_at(pass_started + seconds))
+    heartbeats.record_busy(pass_started, pass_started + seconds)
+    metrics.inc("imagegen_batches_total", model=batch.model_version)
+    metrics.inc("imagegen_gpu_seconds_total", seconds, worker=WORKER_ID)
+    metrics.observe("imagegen_batch_size", images)
+    metrics.observe("imagegen_batch_fill", images / batch.cap if batch.cap else 0)
+    if images:
+        metrics.inc("imagegen_images_generated_total", images, model=batch.model_version)
+        costs.record_batch_cost(
+            scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale,
+                                batch.scheduler),
+            images,
+            seconds,
+        )
+
+
+def _at(timestamp: float):
+    from datetime import datetime
+
+    return datetime.fromtimestamp(timestamp, tz=UTC)
+
+
+_runners: dict[str, Runner] = {}
+_runners_lock = threading.Lock()
+
+
+def runner_for(lane: str) -> Runner:
+    with _runners_lock:
+        if lane not in _runners:
+            _runners[lane] = Runner(lane)
+        return _runners[lane]
+
+
+def close_runners() -> None:
+    with _runners_lock:
+        for runner in _runners.values():
+            runner.close()
+        _runners.clear()

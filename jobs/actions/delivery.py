@@ -1,0 +1,175 @@
+"""A batch past denoising: its images handed to quarantine, judged, and published.
+
+The stages after the GPU each take a batch id. The batch row says which stage it has reached
+and holds the lease of that stage (the jobs' own leases end at the hand-off), so the reaper
+re-runs a stuck batch from its stage; each step is a compare-and-set on the batch stage and on
+the jobs' (status, batch, attempts), so a re-run or a duplicated task never writes twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from imagegen import metrics
+from jobs.actions.notify import status_on_commit
+from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Written:
+    """One image the GPU worker wrote to quarantine."""
+
+    job_id: str
+    index: int
+    seed: int
+    key: str
+    width: int
+    height: int
+    byte_size: int
+    sha256: str
+    content_type: str
+
+
+def _stage_lease():
+    return timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)
+
+
+def held_jobs(batch_id, attempts: dict[str, int]) -> set[str]:
+    """The jobs of the batch that this attempt still holds (running, in this batch, same attempt)."""
+    rows = GenerationJob.objects.filter(id__in=list(attempts), status=JobStatus.RUNNING, batch_id=batch_id)
+    return {str(job_id) for job_id, n in rows.values_list("id", "attempts") if attempts.get(str(job_id)) == n}
+
+
+def hand_off(batch_id, attempts: dict[str, int], written: list[Written]) -> tuple[set[str], list[Written]]:
+    """The images are in quarantine: record them, end the jobs' generation leases and move the
+    batch to the classify stage, in one transaction. Returns the jobs handed on and the images
+    of jobs this attempt no longer holds (cancelled, or requeued after a lost lease), whose
+    bytes the caller deletes."""
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.GENERATE).first()
+        if locked is None:
+            return set(), written
+        held = held_jobs(batch_id, attempts)
+        keep = [w for w in written if w.job_id in held]
+        GeneratedImage.objects.bulk_create([
+            GeneratedImage(
+                job_id=w.job_id, batch_id=batch_id, index=w.index, seed=w.seed, storage_key=w.key, width=w.width,
+                height=w.height, byte_size=w.byte_size, sha256=w.sha256, content_type=w.content_type,
+                tier="quarantine",
+            )
+            for w in keep
+        ])
+        GenerationJob.objects.filter(id__in=held, status=JobStatus.RUNNING, batch_id=batch_id).update(
+            lease_expires_at=None, progress_step=locked.steps
+        )
+        if held:
+            Batch.objects.filter(id=batch_id).update(stage=BatchStage.CLASSIFY, stage_attempts=0, lease_expires_at=_stage_lease())
+        else:
+            Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
+    return held, [w for w in written if w.job_id not in held]
+
+
+def close_empty(batch_id) -> None:
+    """Nothing of the batch went on (every job cancelled, or the pass failed)."""
+    Batch.objects.filter(id=batch_id, stage=BatchStage.GENERATE).update(stage=BatchStage.DONE, lease_expires_at=None)
+
+
+def live_images(batch: Batch) -> list[GeneratedImage]:
+    """The quarantined images of the batch whose jobs are still running in it."""
+    return list(
+        GeneratedImage.objects.filter(batch=batch, job__status=JobStatus.RUNNING, job__batch=batch)
+        .select_related("job").order_by("job_id", "index")
+    )
+
+
+def record_verdicts(batch_id, verdicts: list, gate_error: str = "") -> bool:
+    """The image gate's answer for the batch (one SafetyVerdict per image), or the reason it
+    could not judge: classify -> publish, once."""
+    from safety.models import SafetyVerdict
+
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.CLASSIFY).first()
+        if locked is None:
+            return False
+        if gate_error:
+            locked.gate_error = gate_error[:2000]
+        else:
+            SafetyVerdict.objects.bulk_create(verdicts)
+        Batch.objects.filter(id=batch_id).update(
+            stage=BatchStage.PUBLISH, stage_attempts=0, lease_expires_at=_stage_lease(), gate_error=locked.gate_error
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class Outcome:
+    job_id: str
+    attempts: int
+    status: str
+    stage: str
+    reason: str
+
+
+def finish_batch(batch_id, outcomes: list[Outcome]) -> list[str]:
+    """Publish: each job's final status (compare-and-set on running, this batch, this attempt)
+    with its images public when it is done, in one transaction; publish -> done. The caller has
+    copied the allowed images to public storage already. Returns the jobs finished."""
+    finished: list[str] = []
+    with transaction.atomic():
+        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.PUBLISH).first()
+        if locked is None:
+            return finished
+        now = timezone.now()
+        for outcome in outcomes:
+            updated = GenerationJob.objects.filter(
+                id=outcome.job_id, status=JobStatus.RUNNING, batch_id=batch_id, attempts=outcome.attempts
+            ).update(status=outcome.status, blocked_stage=outcome.stage, reason=outcome.reason, finished_at=now,
+                     lease_expires_at=None)
+            if not updated:
+                continue
+            finished.append(outcome.job_id)
+            if outcome.status == JobStatus.DONE:
+                GeneratedImage.objects.filter(job_id=outcome.job_id, batch_id=batch_id).update(tier="public")
+        Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
+        status_on_commit(*finished)
+    return finished
+
+
+def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
+    """Batches whose classify or publish stage lost its worker (lease expired): re-run from that
+    stage, or after IMAGEGEN_MAX_ATTEMPTS fail their jobs with the reason. Returns
+    ([(stage, lane, batch id) to dispatch again], jobs failed)."""
+    now = now or timezone.now()
+    again, failed = [], 0
+    for batch in Batch.objects.filter(stage__in=[BatchStage.CLASSIFY, BatchStage.PUBLISH], lease_expires_at__lt=now):
+        if batch.stage_attempts + 1 >= settings.IMAGEGEN_MAX_ATTEMPTS:
+            with transaction.atomic():
+                if not Batch.objects.filter(id=batch.id, stage=batch.stage, lease_expires_at__lt=now).update(
+                    stage=BatchStage.DONE, lease_expires_at=None
+                ):
+                    continue
+                what = "the image safety check" if batch.stage == BatchStage.CLASSIFY else "publishing the images"
+                ids = list(GenerationJob.objects.filter(batch=batch, status=JobStatus.RUNNING).values_list("id", flat=True))
+                GenerationJob.objects.filter(id__in=ids, status=JobStatus.RUNNING).update(
+                    status=JobStatus.FAILED, finished_at=now, lease_expires_at=None,
+                    reason=f"{what} was interrupted {batch.stage_attempts + 1} times; nothing was delivered",
+                )
+                status_on_commit(*ids)
+                failed += len(ids)
+            continue
+        if Batch.objects.filter(id=batch.id, stage=batch.stage, lease_expires_at__lt=now).update(
+            stage_attempts=batch.stage_attempts + 1, lease_expires_at=_stage_lease()
+        ):
+            log.warning("batch %s stuck in %s: running that stage again", batch.id, batch.stage,
+                        extra={"batch_id": str(batch.id), "stage": "reaper"})
+            metrics.inc("imagegen_stage_reruns_total", stage=batch.stage)
+            again.append((batch.stage, batch.lane, str(batch.id)))
+    return again, failed

@@ -1,0 +1,256 @@
+"""A job's way through the queue: created, admitted, claimed, renewed, requeued, cancelled,
+blocked, held, failed.
+
+Every transition is a compare-and-set on the current status (a conditional UPDATE), so a
+redelivered or duplicated task can never move a job twice. Status events go out on commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from imagegen import metrics
+from imagegen.redis_client import PREFIX, get_redis
+from jobs.actions.notify import status_on_commit
+from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus
+from scheduling import lanes, scheduler
+
+log = logging.getLogger(__name__)
+
+
+def shape_of(job: GenerationJob) -> str:
+    return scheduler.shape_key(
+        job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler
+    )
+
+
+def images_to_make(job: GenerationJob) -> int:
+    return job.count - job.images.count()
+
+
+def create_queued(job: GenerationJob, cached: dict) -> None:
+    """Insert an accepted job (queued, waiting for its prompt check) with the images the
+    request-hash cache already had attached."""
+    with transaction.atomic():
+        job.save()
+        attach_cached(job, cached)
+
+
+def attach_cached(job: GenerationJob, cached: dict) -> None:
+    GeneratedImage.objects.bulk_create(
+        [
+            GeneratedImage(
+                job=job, index=index, seed=job.seed + index, storage_key=src.storage_key, width=src.width,
+                height=src.height, byte_size=src.byte_size, sha256=src.sha256, content_type=src.content_type,
+                tier="public",
+            )
+            for index, src in cached.items()
+        ]
+    )
+
+
+def finish_from_cache(job: GenerationJob, cached: dict) -> None:
+    """Every image is cached: the same request under the same policy and model version was
+    already gated and delivered, so the job is done with the stored images."""
+    from safety.models import SafetyVerdict
+
+    now = timezone.now()
+    job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
+    job.scheduled_at = now
+    with transaction.atomic():
+        job.save()
+        attach_cached(job, cached)
+        source = next(iter(cached.values()))
+        SafetyVerdict.objects.create(
+            job=job, stage="prompt", decision="allow",
+            reason=f"identical to job {source.job_id} (request-hash cache)",
+            policy_version=source.job.verdicts.filter(stage="prompt").values_list("policy_version", flat=True).first() or "",
+        )
+
+
+def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
+    updated = GenerationJob.objects.filter(id=job_id, status__in=list(from_statuses)).update(
+        status=to_status, **fields
+    )
+    if updated:
+        status_on_commit(job_id)
+    return bool(updated)
+
+
+def cancel_job(job: GenerationJob) -> bool:
+    """Cancel a job that has not finished. A running batch sees the flag within one step; a
+    batch past generation drops the job at publish (its compare-and-set fails)."""
+    if job.status in TERMINAL_STATUSES:
+        return False
+    changed = _transition(
+        job.id,
+        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
+        JobStatus.CANCELLED,
+        finished_at=timezone.now(),
+        reason="cancelled by the owner",
+        lease_expires_at=None,
+    )
+    if changed:
+        scheduler.set_cancel_flag(str(job.id))
+        if job.scheduled_at is not None:
+            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+    job.refresh_from_db()
+    return changed
+
+
+def block_job(job_id, stage: str, reason: str) -> bool:
+    return _transition(
+        job_id,
+        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
+        JobStatus.BLOCKED,
+        blocked_stage=stage,
+        reason=reason,
+        finished_at=timezone.now(),
+        lease_expires_at=None,
+    )
+
+
+def fail_unstarted(job_id, reason: str) -> bool:
+    return _transition(job_id, [JobStatus.QUEUED, JobStatus.REVIEW], JobStatus.FAILED, reason=reason, finished_at=timezone.now())
+
+
+def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatus.QUEUED) -> bool:
+    return _transition(job_id, [from_status], JobStatus.REVIEW, blocked_stage=stage, reason=reason)
+
+
+def admit(job_id) -> bool:
+    """The prompt passed: put the job in its shape's bucket (after commit) and wake a GPU worker."""
+    now = timezone.now()
+    claimed = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None).update(
+        scheduled_at=now
+    )
+    if not claimed:
+        return False
+    job = GenerationJob.objects.get(id=job_id)
+    transaction.on_commit(lambda: enqueue(job, now.timestamp()))
+    return True
+
+
+def enqueue(job: GenerationJob, enqueued_at: float) -> None:
+    lane = lanes.lane_of(job.model_version)
+    scheduler.enqueue(lane, shape_of(job), str(job.id), images_to_make(job), enqueued_at)
+    lanes.wake(lane)
+
+
+def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
+    """queued -> running for the taken jobs, in one UPDATE; cancelled or already-taken jobs
+    (a stale or duplicated scheduler entry) are simply not claimed."""
+    now = timezone.now()
+    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).update(
+        status=JobStatus.RUNNING,
+        attempts=F("attempts") + 1,
+        started_at=now,
+        batch_id=batch_id,
+        progress_step=0,
+        lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
+    )
+    jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
+    order = {str(j): i for i, j in enumerate(job_ids)}
+    jobs.sort(key=lambda job: order[str(job.id)])
+    status_on_commit(*[job.id for job in jobs])
+    return jobs
+
+
+def renew_leases(job_ids: list[str], progress_step: int | None = None) -> None:
+    """The worker holding these running jobs is alive (and, with progress_step, at that step)."""
+    fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)}
+    if progress_step is not None:
+        fields["progress_step"] = progress_step
+    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, lease_expires_at__isnull=False).update(**fields)
+
+
+def return_to_queue_now(job_ids: list[str]) -> None:
+    """Infrastructure (Redis or the database) interrupted the pass: end the leases now, so the
+    reaper requeues the jobs at once instead of failing them for something they did not do."""
+    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, lease_expires_at__isnull=False).update(
+        lease_expires_at=timezone.now()
+    )
+
+
+def fail_running(job: GenerationJob, reason: str) -> bool:
+    """running -> failed, only for the attempt that this worker holds."""
+    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
+        status=JobStatus.FAILED, reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
+    )
+    if updated:
+        status_on_commit(job.id)
+    return bool(updated)
+
+
+def requeue_expired(now=None) -> dict:
+    """Running jobs whose lease expired (their worker died while generating) go back to the
+    queue, or fail after IMAGEGEN_MAX_ATTEMPTS attempts."""
+    now = now or timezone.now()
+    requeued = failed = 0
+    for job in GenerationJob.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=now):
+        if job.attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
+            reason = (
+                f"generation was interrupted {job.attempts} times (the worker was lost); "
+                "giving up so it cannot take more workers down"
+            )
+            if fail_running(job, reason):
+                failed += 1
+            continue
+        updated = GenerationJob.objects.filter(
+            id=job.id, status=JobStatus.RUNNING, attempts=job.attempts, lease_expires_at__lt=now
+        ).update(status=JobStatus.QUEUED, lease_expires_at=None, progress_step=0, batch=None, started_at=None)
+        if updated:
+            job.refresh_from_db()
+            log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts,
+                        extra={"job_id": str(job.id), "stage": "reaper"})
+            metrics.inc("imagegen_requeues_total")
+            status_on_commit(job.id)
+            enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
+            requeued += 1
+    return {"requeued": requeued, "failed": failed}
+
+
+def move_queued(from_version: str, to_version: str) -> int:
+    """Promote or roll back: queued jobs of one version go to another, keeping their place in
+    the queue (their admission time). Running jobs finish where they are."""
+    moved = 0
+    for job in GenerationJob.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.REVIEW], model_version=from_version):
+        updated = GenerationJob.objects.filter(id=job.id, status=job.status, model_version=from_version).update(
+            model_version=to_version
+        )
+        if not updated:
+            continue
+        moved += 1
+        if job.status == JobStatus.QUEUED and job.scheduled_at is not None:
+            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+            job.model_version = to_version
+            enqueue(job, job.scheduled_at.timestamp())
+    return moved
+
+
+def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str]]:
+    """Re-enqueue admitted, queued jobs that are missing from Redis (state lost, or a worker died
+    between taking and claiming). Returns (how many were restored, the jobs whose prompt check
+    was lost with the broker and is due again: at most once a minute per job)."""
+    cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
+    restored = 0
+    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
+        if not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job)):
+            enqueue(job, job.scheduled_at.timestamp())
+            restored += 1
+    stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))
+    recheck = [
+        str(job_id)
+        for job_id in GenerationJob.objects.filter(
+            status=JobStatus.QUEUED, scheduled_at=None, created_at__lt=stale_check
+        ).values_list("id", flat=True)
+        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=60)
+    ]
+    return restored, recheck

@@ -1,0 +1,21 @@
+"""Status events, sent after the transaction that changed the status commits (never before: a
+watcher must never see a state that a rollback undoes)."""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+
+def status_on_commit(*job_ids) -> None:
+    ids = [str(job_id) for job_id in job_ids]
+    if ids:
+        transaction.on_commit(lambda: send_status(ids))
+
+
+def send_status(job_ids: list[str]) -> None:
+    from jobs import events
+    from jobs.models import GenerationJob
+    from jobs.serializers import status_event
+
+    for job in GenerationJob.objects.filter(id__in=job_ids).prefetch_related("images"):
+        events.publish(job.id, status_event(job))

@@ -1,0 +1,61 @@
+"""Submitting a job: limits, the request-hash cache, admission, the row, then the first stage."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import transaction
+
+from imagegen import metrics
+from jobs import actions, admission, cache
+from jobs.models import GenerationJob
+from scheduling import lanes, scheduler
+
+
+def submit_job(owner, data: dict) -> GenerationJob:
+    """Admit a validated request: served from the request-hash cache when every image is
+    there (done at once, no queue, no GPU), else queued with only the missing images to make,
+    and its prompt check dispatched after commit. Raises admission.Refused (429) past the
+    user's limits or the honest wait limit. The job's estimate is left on job.estimate."""
+    from jobs.tasks import check_prompt
+
+    seed = data.get("seed")
+    if seed is None:
+        seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
+    admission.check_user_limits(owner, data["count"])
+    job = GenerationJob(
+        owner=owner,
+        prompt=data["prompt"],
+        negative_prompt=data.get("negative_prompt", ""),
+        width=data["width"],
+        height=data["height"],
+        steps=data["steps"],
+        guidance_scale=data["guidance_scale"],
+        seed=seed,
+        count=data["count"],
+        progress_total=data["steps"],
+    )
+    job.model_version = lanes.pick_version(job.id)
+    cached = cache.lookup(job)
+    job.estimate = None
+    if len(cached) < job.count:
+        def shape_for(steps: int) -> str:
+            return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
+
+        steps, job.estimate = admission.admit_or_degrade(
+            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False)
+        )
+        if steps != job.steps:
+            metrics.inc("imagegen_degraded_total")
+            job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
+            cached = cache.lookup(job)
+    with transaction.atomic():
+        if len(cached) == job.count:
+            actions.finish_from_cache(job, cached)
+        else:
+            actions.create_queued(job, cached)
+            # Robust: a broker outage must not turn an accepted (committed) job into an error
+            # answer that invites a duplicate; the reaper re-sends lost prompt checks.
+            transaction.on_commit(lambda: check_prompt.delay(str(job.id)), robust=True)
+    return job
