@@ -127,7 +127,7 @@ class LoadedModel:
         pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8)
         scale = min(PREVIEW_MAX_SIDE, max(width, height)) / max(width, height)
         size = (max(1, round(width * scale)), max(1, round(height * scale)))
-        image = Image.fromarray(pixels).resize(size, Image.BILINEAR)
+        image = Image.fromarray(pixels).resize(size, Image.Resampling.BILINEAR)
         buf = io.BytesIO()
         image.save(buf, format="JPEG", quality=70)
         return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
@@ -178,4 +178,4 @@ def get_model() -> LoadedModel:
                 _loaded = SimulatedModel()  # type: ignore[assignment]
             else:
                 _loaded = LoadedModel(settings.IMAGEGEN_MODEL_PATH, settings.IMAGEGEN_DEVICE)
-        return _loaded
+        return _loaded  # type: ignore[return-value]  # set just above

@@ -60,7 +60,7 @@ def picture(row: Row, width: int, height: int) -> Image.Image:
     """A deterministic picture for the row: a function of (prompt, negative prompt, seed)."""
     digest = _digest(row)
     rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
-    coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((width, height), Image.BICUBIC)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((width, height), Image.Resampling.BICUBIC)
     shift = int.from_bytes(digest[8:12], "little") % (width * height)
     fine = np.roll(_noise_field(width, height).reshape(-1, 3), shift, axis=0).reshape(height, width, 3)
     pixels = np.asarray(coarse, dtype=np.int16) + fine

@@ -105,7 +105,7 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # --- object storage ---
 MEDIA_ROOT = Path(env_str("IMAGEGEN_MEDIA_ROOT", str(VAR_DIR / "media")))
 MEDIA_URL = env_str("IMAGEGEN_MEDIA_URL", "/media/")
-STORAGES = {
+STORAGES: dict[str, dict] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }

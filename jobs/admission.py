@@ -24,6 +24,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
@@ -99,7 +100,7 @@ def _awaiting_prompt_check() -> list[tuple[str, tuple[str, int, float]]]:
     from jobs.models import GenerationJob
 
     out = []
-    recent = timezone.now() - timezone.timedelta(minutes=10)
+    recent = timezone.now() - timedelta(minutes=10)
     for job in GenerationJob.objects.filter(status="queued", scheduled_at=None, created_at__gte=recent).only(
         "id", "model_version", "width", "height", "steps", "guidance_scale", "scheduler", "count", "created_at"
     )[:2000]:
@@ -219,7 +220,7 @@ def check_user_limits(user, images: int) -> None:
             retry_after=5,
             limit="jobs_in_flight",
         )
-    since = timezone.now() - timezone.timedelta(days=1)
+    since = timezone.now() - timedelta(days=1)
     used = sum(
         GenerationJob.objects.filter(owner=user, created_at__gte=since)
         .exclude(status__in=["blocked", "failed", "cancelled"])
@@ -241,7 +242,7 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
     if est.queued_images + images > settings.IMAGEGEN_MAX_QUEUED_IMAGES:
         raise Refused(
             f"The queue is full ({est.queued_images} images waiting). Try again later.",
-            retry_after=(est.eta_seconds or 30),
+            retry_after=int(est.eta_seconds or 30),
             eta_seconds=est.eta_seconds,
             limit="queue_full",
         )
@@ -255,7 +256,7 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
     raise Refused(
         f"The estimated wait is {est.eta_seconds:.0f}s, over the {settings.IMAGEGEN_MAX_QUEUE_WAIT:.0f}s limit. "
         "Try again later, or send allow_degrade=true to accept fewer steps.",
-        retry_after=est.eta_seconds - settings.IMAGEGEN_MAX_QUEUE_WAIT,
+        retry_after=int(math.ceil(est.eta_seconds - settings.IMAGEGEN_MAX_QUEUE_WAIT)),
         eta_seconds=est.eta_seconds,
         limit="max_queue_wait",
     )

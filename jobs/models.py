@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -97,6 +98,9 @@ class GenerationJob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Not stored: the admission estimate jobs.submit leaves on a job it has just accepted.
+    estimate: Any = None
 
     class Meta:
         ordering = ["-created_at"]

@@ -252,7 +252,7 @@ def _native_data(attrs: dict) -> dict:
 _STOP_WAITING = (JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REVIEW)
 
 
-def _wait_for(job: GenerationJob, seconds: float) -> GenerationJob:
+def _wait_for(job: GenerationJob, seconds: float) -> GenerationJob | None:
     """Poll the row until the job is terminal or held for review, or the time is up."""
     deadline = time.monotonic() + seconds
     rows = GenerationJob.objects.filter(id=job.id)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 
+from django.utils import timezone
+
 from imagegen import metrics
 from jobs import actions, cache
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
@@ -26,10 +28,10 @@ def _outcome(job: GenerationJob, images: list[GeneratedImage], verdicts: dict, g
     if gate_error:
         return actions.Outcome(str(job.id), job.attempts, JobStatus.FAILED, "",
                                f"the image safety check failed, nothing was delivered: {gate_error}")
-    judged = [verdicts.get(image.id) for image in images]
-    if any(v is None for v in judged):  # never deliver an image the gate did not judge
+    if any(image.id not in verdicts for image in images):  # never deliver an image the gate did not judge
         return actions.Outcome(str(job.id), job.attempts, JobStatus.FAILED, "",
                                "the image safety check has no verdict for an image; nothing was delivered")
+    judged = [verdicts[image.id] for image in images]
     for decision, status in (("block", JobStatus.BLOCKED), ("review", JobStatus.REVIEW)):
         worst = next((v for v in judged if v.decision == decision), None)
         if worst is not None:
@@ -56,7 +58,9 @@ def publish(batch_id: str) -> list[str]:
     for image in images:
         if str(image.job_id) in done:
             publish_object(image.storage_key)
-    finished = actions.finish_batch(batch_id, outcomes)
+    now = timezone.now()
+    _record_overhead(batch, [jobs[o.job_id] for o in outcomes], now)  # before the commit a watcher sees
+    finished = actions.finish_batch(batch_id, outcomes, now)
     lost = done - set(finished)  # cancelled meanwhile: its public copies go again
     for image in images:
         if str(image.job_id) in lost:
@@ -66,20 +70,18 @@ def publish(batch_id: str) -> list[str]:
     delivered = list(GenerationJob.objects.filter(id__in=finished).prefetch_related("images"))
     for job in delivered:
         cache.remember(job)
-        if job.status == JobStatus.DONE:
+        if job.status == JobStatus.DONE and job.finished_at is not None:
             metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
-    _record_overhead(batch, delivered)
     return finished
 
 
-def _record_overhead(batch: Batch, jobs: list[GenerationJob]) -> None:
+def _record_overhead(batch: Batch, jobs: list[GenerationJob], now) -> None:
     """Feed the estimate the time each first-attempt job spends after its pass: the hand-off,
     the image gate and publishing. (The claim is not in it: the GPU worker takes and claims the
     next batch while the current one denoises, so the claim is hidden behind a pass.)"""
     if batch.finished_at is None:
         return
-    end = batch.finished_at.timestamp()
-    samples = [job.finished_at.timestamp() - end for job in jobs if job.attempts == 1 and job.finished_at is not None]
+    samples = [(now - batch.finished_at).total_seconds() for job in jobs if job.attempts == 1]
     try:
         costs.record_overhead([max(0.0, s) for s in samples])
     except Exception:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import secrets
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -83,7 +84,7 @@ def flush_views() -> int:
 
 def _set_storage_class(key: str, storage_class: str) -> None:
     """S3: rewrite the object in place with another storage class (same key, same headers)."""
-    storage = public_storage()
+    storage: Any = public_storage()  # an S3Storage: retention tiers are for S3
     bucket, name = s3_location(storage, key)
     params = {"ContentType": "image/png", **storage.get_object_parameters(name)}
     if storage.default_acl:

@@ -244,7 +244,7 @@ class ImagesResponseDataSerializer(serializers.Serializer):
 
 class ImagesResponseSerializer(serializers.Serializer):
     created = serializers.IntegerField(help_text="Unix time the job was created.")
-    data = ImagesResponseDataSerializer(many=True)
+    data = ImagesResponseDataSerializer(many=True)  # type: ignore[assignment]  # a field named data
 
 
 class ModelSerializer(serializers.Serializer):
@@ -256,7 +256,7 @@ class ModelSerializer(serializers.Serializer):
 
 class ModelListSerializer(serializers.Serializer):
     object = serializers.ChoiceField(choices=["list"])
-    data = ModelSerializer(many=True)
+    data = ModelSerializer(many=True)  # type: ignore[assignment]  # a field named data
 
 
 # --- extensions ------------------------------------------------------------------------------
@@ -432,7 +432,7 @@ _JOB_ID = {
     "required": True,
     "schema": {"type": "string", "format": "uuid"},
 }
-_TOKEN_OR_SESSION = [{"tokenAuth": []}, {"cookieAuth": []}]
+_TOKEN_OR_SESSION: list[dict[str, list]] = [{"tokenAuth": []}, {"cookieAuth": []}]
 
 
 def _plain_operations() -> dict[str, dict]:

@@ -20,6 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -48,7 +49,7 @@ def is_s3(storage: Storage) -> bool:
     return isinstance(storage, S3Storage)  # default_storage is lazy: __class__ is proxied
 
 
-def s3_location(storage: Storage, key: str) -> tuple[str, str]:
+def s3_location(storage: Any, key: str) -> tuple[str, str]:
     """(bucket, object key) of a storage key on an S3 storage (its location prefix applied)."""
     from storages.utils import clean_name
 
@@ -80,7 +81,7 @@ def is_transient(exc: BaseException) -> bool:
         from botocore.exceptions import ClientError, HTTPClientError
         from botocore.exceptions import ConnectionError as BotoConnectionError
     except ImportError:  # pragma: no cover
-        ClientError = BotoConnectionError = HTTPClientError = ()  # type: ignore[assignment]
+        ClientError = BotoConnectionError = HTTPClientError = ()
     if ClientError and isinstance(exc, ClientError):
         code = str(exc.response.get("Error", {}).get("Code", ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
@@ -138,7 +139,7 @@ def _retrying(what: str, operation):
             time.sleep(delay)
 
 
-def _copy(key: str, source: Storage, target: Storage) -> None:
+def _copy(key: str, source: Any, target: Any) -> None:
     """Copy an object between the two storages without passing its bytes through this process
     where the backend allows: S3 CopyObject between buckets or prefixes, a file copy on local
     storage. The target's own headers apply (public: immutable cache; private: no-store)."""
@@ -202,7 +203,7 @@ def image_url(key: str) -> str:
 def private_url(key: str, expires: int | None = None) -> str | None:
     """A short-lived presigned URL for a quarantined object on S3, for staff tooling; None on
     local storage (use the staff view /staff/images/<id>, which works on both)."""
-    storage = quarantine_storage()
+    storage: Any = quarantine_storage()  # an S3Storage past the check below
     if not is_s3(storage):
         return None
     return storage.url(key, expire=expires or settings.IMAGEGEN_S3_PRESIGN_SECONDS)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,20 @@ def forget_cache() -> None:
     keys = list(r.scan_iter(f"{PREFIX}rc:*"))
     if keys:
         r.delete(*keys)
+
+
+@contextmanager
+def admitted_to(lane: str):
+    """Jobs submitted inside go to this lane only (its own GPU workers, or none at all): the
+    prompt gate runs in this process under the lane's model name."""
+    from django.test import override_settings
+
+    from jobs.tasks import check_prompt
+
+    original = check_prompt.delay
+    check_prompt.delay = lambda job_id: check_prompt.run(job_id)
+    try:
+        with override_settings(IMAGEGEN_MODEL_NAME=lane):
+            yield
+    finally:
+        check_prompt.delay = original

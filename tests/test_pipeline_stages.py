@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 
 from tests import fake_classifiers
-from tests.conftest import wait_for_status
+from tests.conftest import admitted_to, wait_for_status
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -166,12 +166,9 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
     """This lane's batches are classified by a worker of their own (a classify queue nobody
     else consumes), killed while the gate hangs; the reaper re-runs the stage (on the session's
     classify queue) and the job is delivered once."""
-    from django.test import override_settings
-
-    from jobs.models import GeneratedImage
-    from jobs.tasks import check_prompt
 
     from imagegen import metrics
+    from jobs.models import GeneratedImage
 
     def reruns() -> float:
         return metrics.read_counters().get("imagegen_stage_reruns_total", {}).get('{"stage": "classify"}', 0.0)
@@ -182,12 +179,8 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
     gpu = start_worker("gpu-classifykill", f"{settings.QUEUE_GPU_PREFIX}{lane}", **env)
     victim = start_worker("classify-victim", "classify-victim", **env)
     classifier_mode("hang")
-    with override_settings(IMAGEGEN_MODEL_NAME=lane):
-        original = _admit_to(lane)
-        try:
-            job_id = submit(alice_api, "a blue circle", count=2, seed=31)
-        finally:
-            check_prompt.delay = original
+    with admitted_to(lane):
+        job_id = submit(alice_api, "a blue circle", count=2, seed=31)
         batch = wait_for_batch_stage(job_id, "classify")
         deadline = time.monotonic() + 30
         while b"classify_batch" not in victim.log_path.read_bytes():  # it has the task, and hangs in the gate
@@ -205,38 +198,22 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
     gpu.stop()
 
 
-def _admit_to(lane: str):
-    """Run the prompt gate in this process under the lane's model name, so the job is admitted
-    to that lane's workers only."""
-    from jobs.tasks import check_prompt
-
-    original = check_prompt.delay
-    check_prompt.delay = lambda job_id: check_prompt.run(job_id)
-    return original
-
-
 def test_a_publish_that_dies_after_copying_and_before_committing_is_finished_once_by_the_reaper(
     workers, start_worker, alice_api, monkeypatch, redis_client
 ):
     """This lane's publish messages go to a queue nobody consumes; this process publishes and
     dies between the copy to public storage and the transaction. The reaper re-runs the stage
     (on the session's io worker), which finds the public copies and finishes once."""
-    from django.test import override_settings
 
     from jobs import actions, publish
     from jobs.models import GeneratedImage, GenerationJob
     from jobs.storage import public_storage
-    from jobs.tasks import check_prompt
 
     lane = "publishcrash"
     env = {"IMAGEGEN_MODEL_NAME": lane, "IMAGEGEN_QUEUE_IO": "io-nobody", "IMAGEGEN_QUEUE_CLASSIFY": "classify-crash"}
     gpu = start_worker("gpu-publishcrash", f"{settings.QUEUE_GPU_PREFIX}{lane},classify-crash", **env)
-    with override_settings(IMAGEGEN_MODEL_NAME=lane):
-        original = _admit_to(lane)
-        try:
-            job_id = submit(alice_api, "a white square", seed=41, count=2)
-        finally:
-            check_prompt.delay = original
+    with admitted_to(lane):
+        job_id = submit(alice_api, "a white square", seed=41, count=2)
     batch = wait_for_batch_stage(job_id, "publish")
 
     def die(*args, **kwargs):
@@ -270,16 +247,8 @@ def classifier_mode():
 
 
 def _submit_to_lane(api, lane: str, prompt: str, **extra) -> str:
-    from django.test import override_settings
-
-    from jobs.tasks import check_prompt
-
-    with override_settings(IMAGEGEN_MODEL_NAME=lane):
-        original = _admit_to(lane)
-        try:
-            return submit(api, prompt, **extra)
-        finally:
-            check_prompt.delay = original
+    with admitted_to(lane):
+        return submit(api, prompt, **extra)
 
 
 def _bucket_keys(server, bucket: str) -> set[str]:

@@ -1,13 +1,13 @@
 """The fault suite at reduced size (issue 11), through the session's real workers and Redis:
 worker kills mid-batch, a database outage, a failing image classifier under load, failing
-uploads, rising load against daphne, and (last: it empties the session's Redis) a Redis restart.
+uploads, rising load against daphne, and a Redis restart (a Redis and workers of its own, so it runs
+whatever REDIS_URL the suite has).
 The same scenario code runs at full size with `python bench/reliability.py --full`.
 Deselect with `-k "not reliability"` or `--deselect tests/test_reliability.py`."""
 
 from __future__ import annotations
 
-import atexit
-import sys
+import os
 import time
 
 import pytest
@@ -155,50 +155,70 @@ def test_past_capacity_submits_get_429_with_retry_after_and_never_5xx(workers, w
     assert high["p99_ms"] is not None
 
 
-def _restart_session_redis() -> None:
+class _HttpApi:
+    """The submit interface bench.reliability uses, over HTTP to a daphne of the private stack."""
+
+    def __init__(self, base_url: str, token: str):
+        import httpx
+
+        self.client = httpx.Client(base_url=base_url, headers={"Authorization": f"Token {token}"}, timeout=30)
+
+    def post(self, path: str, body: dict, format: str = "json"):
+        return self.client.post(path, json=body)
+
+
+def test_a_redis_restart_mid_run_loses_no_job_and_the_workers_reconnect(transactional_db, alice, start_worker, tmp_path):
+    """A deployment slice with a Redis of its own (whatever REDIS_URL the suite has): web, cpu/io/
+    classify worker and GPU worker on a lane of their own; that Redis is killed mid-batch (all
+    scheduler state, broker queues and channel layer lost) and started again, empty, on the
+    same port."""
     from scripts.private_redis import start
 
-    test_settings = sys.modules["tests.settings"]
-    proc = getattr(test_settings, "_redis_proc", None)
-    port = int(settings.REDIS_URL.rsplit(":", 1)[1].split("/")[0])
-    proc.kill()
-    proc.wait()
-    time.sleep(1.0)
-    new, _ = start(settings.VAR_DIR / "redis", port=port)
-    test_settings._redis_proc = new
-    atexit.register(new.terminate)
+    redis_proc, url = start(tmp_path / "redis")
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    env = {"REDIS_URL": url, "IMAGEGEN_MODEL_NAME": "redisrestart"}
+    cpu = start_worker("restart-cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True,
+                       wait=False, **env)
+    gpu = start_worker("restart-gpu", f"{settings.QUEUE_GPU_PREFIX}redisrestart", **env)
+    cpu.wait_ready()
+    from tests.conftest import _database_url
 
-
-@pytest.mark.skipif(not hasattr(sys.modules.get("tests.settings"), "_redis_proc"),
-                    reason="REDIS_URL is an external server: the suite cannot restart it")
-def test_a_redis_restart_mid_run_loses_no_job_and_the_workers_reconnect(workers, alice_api, classifier_off):
-    ids = rel.submit_many(alice_api, 6, f"redis-{time.time_ns()}", steps=16)
-    deadline = time.monotonic() + 30
-    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None, status="queued").exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    deadline = time.monotonic() + 30  # mid-run: a batch is on the GPU worker when Redis goes
-    while not GenerationJob.objects.filter(id__in=ids, status="running").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    _restart_session_redis()
-    fake_classifiers.set_mode(None)
-    more = []
-    for _ in range(30):
-        try:
-            more = rel.submit_many(alice_api, 4, f"redis-after-{time.time_ns()}", steps=16)
-            break
-        except Exception:
-            time.sleep(0.5)
-    ids += more
-    assert more, "no submit succeeded after the restart"
-    assert rel.wait_terminal(ids, 120), "jobs still unfinished 120 s after the Redis restart"
-    result = rel.audit(ids)
-    assert result["duplicated"] == 0 and result["delivered_unchecked"] == 0, result
-    assert workers["gpu"].proc.poll() is None and workers["cpu"].proc.poll() is None
-    # the session's workers reconnected: new work still flows through them
-    job = rel.submit_many(alice_api, 1, f"after-{time.time_ns()}", steps=2)[0]
-    assert wait_for_status(job, ("done",), timeout=60).status == "done"
-    failed = list(GenerationJob.objects.filter(id__in=ids).exclude(status="done"))
-    assert result["lost"] == 0, [(j.status, j.reason) for j in failed]
+    web = start_daphne({**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "imagegen.settings",
+                        **env}, tmp_path, name="restart-web")
+    api = _HttpApi(web.url, alice.auth_token.key)
+    try:
+        ids = rel.submit_many(api, 6, f"redis-{time.time_ns()}", steps=16)
+        deadline = time.monotonic() + 30  # mid-run: a batch is on the GPU worker when Redis goes
+        while not GenerationJob.objects.filter(id__in=ids, status="running").exists():
+            assert time.monotonic() < deadline, "no batch started"
+            time.sleep(0.05)
+        redis_proc.kill()
+        redis_proc.wait()
+        time.sleep(1.0)
+        redis_proc, _ = start(tmp_path / "redis", port=port)
+        more = []
+        for _ in range(30):
+            try:
+                more = rel.submit_many(api, 4, f"redis-after-{time.time_ns()}", steps=16)
+                break
+            except Exception:
+                time.sleep(0.5)
+        assert more, "no submit succeeded after the restart"
+        ids += more
+        assert rel.wait_terminal(ids, 120), "jobs still unfinished 120 s after the Redis restart"
+        result = rel.audit(ids)
+        assert result["duplicated"] == 0 and result["delivered_unchecked"] == 0, result
+        assert gpu.proc.poll() is None and cpu.proc.poll() is None
+        # the same worker processes reconnected: new work still flows through them
+        job = rel.submit_many(api, 1, f"after-{time.time_ns()}", steps=2)[0]
+        assert wait_for_status(job, ("done",), timeout=60).status == "done"
+        failed = list(GenerationJob.objects.filter(id__in=ids).exclude(status="done"))
+        assert result["lost"] == 0, [(j.status, j.reason) for j in failed]
+    finally:
+        stop_daphne(web)
+        gpu.stop()
+        cpu.stop()
+        redis_proc.terminate()
 
 
 def test_a_broker_outage_at_commit_answers_consistently(alice_api):

@@ -146,8 +146,7 @@ def test_an_overturned_appeal_generates_the_job(workers, alice_api, moderator):
     mod, client = moderator
     job = submit(alice_api, prompt="a gory zombie costume for halloween", steps=2)
     blocked = wait_for_status(job["id"])
-    if blocked.status != "blocked":
-        pytest.skip(f"the filter did not block this prompt ({blocked.status})")
+    assert blocked.status == "blocked" and blocked.blocked_stage == "prompt", (blocked.status, blocked.reason)
     alice_api.post(f"/api/v1/jobs/{job['id']}/appeal", {"note": "costume"}, format="json")
     admin_action(client, "approve_selected", [job["id"]])
     done = wait_for_status(job["id"], ("done",))

@@ -118,7 +118,7 @@ class Outcome:
     reason: str
 
 
-def finish_batch(batch_id, outcomes: list[Outcome]) -> list[str]:
+def finish_batch(batch_id, outcomes: list[Outcome], now=None) -> list[str]:
     """Publish: each job's final status (compare-and-set on running, this batch, this attempt)
     with its images public when it is done, in one transaction; publish -> done. The caller has
     copied the allowed images to public storage already. Returns the jobs finished."""
@@ -127,7 +127,7 @@ def finish_batch(batch_id, outcomes: list[Outcome]) -> list[str]:
         locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.PUBLISH).first()
         if locked is None:
             return finished
-        now = timezone.now()
+        now = now or timezone.now()
         for outcome in outcomes:
             updated = GenerationJob.objects.filter(
                 id=outcome.job_id, status=JobStatus.RUNNING, batch_id=batch_id, attempts=outcome.attempts
@@ -137,7 +137,7 @@ def finish_batch(batch_id, outcomes: list[Outcome]) -> list[str]:
                 continue
             finished.append(outcome.job_id)
             if outcome.status == JobStatus.DONE:
-                GeneratedImage.objects.filter(job_id=outcome.job_id, batch_id=batch_id).update(tier="public")
+                GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id).update(tier="public")
         Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
         status_on_commit(*finished)
     return finished

@@ -8,6 +8,7 @@ longer point at it (it serves only public images).
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from django.db import transaction
 
@@ -28,8 +29,7 @@ def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> i
             continue
         urls.append(image_url(image.storage_key))
         if not GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public").exists():
-            key = image.storage_key
-            transaction.on_commit(lambda key=key: unpublish_object(key, keep_private_copy))
+            transaction.on_commit(partial(unpublish_object, image.storage_key, keep_private_copy))
     if urls:
         transaction.on_commit(lambda: cdn.purge(urls))
     return len(urls)

@@ -242,7 +242,7 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = 0
     for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
-        if not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job)):
+        if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
     stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))
