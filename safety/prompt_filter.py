@@ -280,6 +280,7 @@ class _Hit:
     matched: str
     rank: int  # policy order (lower = listed first)
     rule: bool
+    strength: float = float("inf")  # tie-break among semantic hits: the head's calibrated logit
 
 
 class PromptFilter:
@@ -411,8 +412,11 @@ class PromptFilter:
         with the category's examples. Empty without embeddings."""
         if self.embedder is None:
             return {}
+        import torch
+
         text = resolved if resolved is not None else self.readings(prompt)[0]
         texts = texts_to_embed(text, self.embedder, self.head)
+        self._last_logits: dict[str, float] = {}
         q = self.embedder.encode(texts, fast=True)
         best: dict[str, tuple[float, str]] = {}
         if self._example_matrix is not None:
@@ -422,10 +426,14 @@ class PromptFilter:
                 if name not in best or s > best[name][0]:
                     best[name] = (float(s), ex)
         if self._head_col:
-            probs = self.head.probabilities(q).max(dim=0).values.tolist()
+            probs = self.head.probabilities(q).max(dim=0).values
+            # the logit tells apart two categories that both saturate near 1.0
+            logits = torch.logit(probs.clamp(1e-12, 1 - 1e-12)).tolist()
             for ci, col in self._head_col.items():
                 name = self.categories[ci].name
-                best[name] = (float(probs[col]), best.get(name, (0.0, ""))[1])
+                # capped below 1.0: a score of exactly 1.0 means a rule hit
+                best[name] = (min(float(probs[col]), 0.9999), best.get(name, (0.0, ""))[1])
+                self._last_logits[name] = logits[col]
         return best
 
     def _semantic_hits(self, prompt: str, resolved: str) -> tuple[list[_Hit], float]:
@@ -449,7 +457,8 @@ class PromptFilter:
             else:
                 reason = f"The prompt looks like a request for {cat.description} (similarity {s:.2f})."
                 matched = f"example: {ex}"
-            hits.append(_Hit(decision, cat.name, round(s, 4), reason, matched, ci, False))
+            strength = self._last_logits.get(cat.name, s)
+            hits.append(_Hit(decision, cat.name, round(s, 4), reason, matched, ci, False, strength))
         return hits, max_sim
 
     def check(self, prompt: str, negative_prompt: str = "") -> PromptVerdict:
@@ -464,7 +473,7 @@ class PromptFilter:
             hits += sem
         if not hits:
             return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version)
-        top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, h.rank))
+        top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, -h.strength, h.rank))
         return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched)
 
 
