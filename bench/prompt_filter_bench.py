@@ -125,11 +125,16 @@ def dev_quality(f: PromptFilter) -> dict:
             "benign": rate(sum(f.check(p).decision != "allow" for p in mod.BENIGN), len(mod.BENIGN))}, mod
 
 
-def overlap_with_corpus(rows: list[dict]) -> int:
+def overlap_with_corpus(rows: list[dict]) -> tuple[int, int]:
+    """(held-out prompts that read like a generated corpus row, of which the trainer drops none).
+    The trainer drops every corpus row that reads like a held-out prompt, so the second is 0
+    by construction; the first says how many such rows the generator produced."""
     from training.prompt_corpus import build
 
-    corpus = {normalize.canonicalize(r["text"]) for r in build()}
-    return sum(normalize.canonicalize(r["prompt"]) in corpus for r in rows)
+    held = {normalize.canonicalize(r["prompt"]) for r in rows}
+    generated = {normalize.canonicalize(r["text"]) for r in build()}
+    trained = generated - held
+    return len(held & generated), sum(normalize.canonicalize(r["prompt"]) in trained for r in rows)
 
 
 def terms_per_language(f: PromptFilter) -> dict:
@@ -151,7 +156,7 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
-    n_overlap = overlap_with_corpus(rows)
+    n_generated, n_overlap = overlap_with_corpus(rows)
 
     t = time.perf_counter()
     rules = PromptFilter.load(use_embeddings=False)
@@ -171,7 +176,8 @@ def main(argv=None):
         "policy_version": full.version,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
         "torch_threads": torch.get_num_threads(),
-        "heldout": {"file": str(HELDOUT.relative_to(ROOT)), "n": len(rows), "rows_also_in_training_corpus": n_overlap},
+        "heldout": {"file": str(HELDOUT.relative_to(ROOT)), "n": len(rows), "rows_also_in_training_corpus": n_overlap,
+                    "generated_rows_reading_like_heldout_dropped_by_trainer": n_generated},
         "quality_heldout": {"with_head": q_full, "rules_only": q_rules},
         "quality_dev": {"with_head": dev_full, "rules_only": dev_rules},
         "terms_per_language": terms_per_language(full),
@@ -185,7 +191,7 @@ def main(argv=None):
     }
     q = q_full
     print(f"prompt filter benchmark, policy {full.version}; held-out {len(rows)} prompts "
-          f"({n_overlap} also in the training corpus)")
+          f"({n_overlap} in the training corpus; {n_generated} generated look-alikes dropped by the trainer)")
     print(f"{'held-out group':28}{'with head':>14}{'rules only':>14}")
     for g in ("disallowed", "category", "kind", "benign", "benign_kind"):
         for k, v in q[g].items():

@@ -31,6 +31,7 @@ _SUBTOKEN_SPLIT_RE = re.compile(r"[._\-~^*#?%:]+")
 # A word unit: anything between whitespace and hard punctuation.
 _UNIT_RE = re.compile(r"[^\s,;()\[\]{}\"<>/\\]+")
 _EDGE_PUNCT = ".,!?'\"-_~^:`"
+_DOUBLE_RE = re.compile(r"(.)\1")
 MAX_WILDCARD_UNITS = 64
 MAX_JOIN_FRAGMENTS = 3
 
@@ -154,6 +155,8 @@ class Lexicon:
         if not core or not any(c.isalpha() for c in core):
             return unit
         pre, post = unit[:lead], unit[len(unit) - trail :] if trail else ""
+        if core.isalpha() and not _DOUBLE_RE.search(core):
+            return unit  # an ordinary word: no reading to try (the common case)
         for r in self._plain_readings(core):
             if self.known(r):
                 return pre + r + post
@@ -191,12 +194,12 @@ class Lexicon:
             done = False
             for n in range(MAX_JOIN_FRAGMENTS, 1, -1):
                 frag = words[i : i + n]
-                if len(frag) < n or not all(_script_letters(f) for f in frag):
+                if len(frag) < n or all(f in self.dictionary for f in frag):
+                    continue
+                if not all(_script_letters(f) for f in frag):
                     continue
                 cat = "".join(frag)
                 if len(cat) < 4 or not self.known(cat):
-                    continue
-                if all(f in self.dictionary for f in frag):
                     continue
                 out.append(cat)
                 i += n
@@ -227,10 +230,14 @@ class Lexicon:
         text = self._spelled_out(canonical)
         budget = [MAX_WILDCARD_UNITS]
         pieces: list[str] = []
+        seen: dict[str, str] = {}  # long prompts repeat their words
         pos = 0
         for m in _UNIT_RE.finditer(text):
             pieces.append(text[pos : m.start()])
-            pieces.append(self._resolve_unit(m.group(0), budget))
+            unit = m.group(0)
+            if unit not in seen:
+                seen[unit] = self._resolve_unit(unit, budget)
+            pieces.append(seen[unit])
             pos = m.end()
         pieces.append(text[pos:])
         resolved = "".join(pieces)

@@ -295,6 +295,7 @@ class PromptFilter:
         self.embedder = embedder
         self.head = head if embedder is not None else None
         self._terms, self._negatives, self.lexicon = _build_matchers(categories, source or "<policy>")
+        self._exception_keys: dict[int, list[str]] = {}
         self._example_matrix = None
         self._example_owner: list[tuple[int, str]] = []  # row -> (category index, example)
         # category index -> column of the head (categories the head was trained on)
@@ -378,12 +379,11 @@ class PromptFilter:
         return [found[ci] for ci in sorted(found)]
 
     def _strip_exceptions(self, ci: int, text: str) -> str:
-        excs = self.categories[ci].exceptions
-        if not excs:
-            return text
+        keys = self._exception_keys.get(ci)
+        if keys is None:
+            keys = self._exception_keys[ci] = [normalize.canonicalize(e) for e in self.categories[ci].exceptions]
         low = text
-        for e in excs:
-            key = normalize.canonicalize(e)
+        for key in keys:
             if key and key in low:
                 low = re.sub(rf"(?<![^\W_]){re.escape(key)}(?![^\W_])", " ", low)
         return low
