@@ -1,12 +1,17 @@
-"""Latency benchmark of the prompt filter.
+"""Prompt filter benchmark: held-out recall and false positives, and latency.
 
     .venv/bin/python bench/prompt_filter_bench.py [--repeat 3] [--out bench/results/prompt_filter.json]
 
-Prompts: the corpora of tests/test_prompt_filter.py (benign, rule cases, semantic
-paraphrases, demo shapes) plus benign prompts built from templates, a few hundred in
-all. Each prompt is checked once per repeat, with and without embeddings; the filter
-is warmed up first (policy load and example embeddings are not counted). Also records
-the decision counts (benign false positives, disallowed recall) for the same corpus.
+Quality is measured on ``training/prompt_gate/heldout.jsonl`` only: prompts written before the
+policy terms, the corpus generator and the classifier head, that nothing is fitted to (the
+benchmark first checks that none of them reads the same as a training-corpus row). "Stopped"
+means block or review. Reported: recall per category, per evasion kind and per language; benign
+look-alikes stopped, per kind and per language; the same for the rules alone. The dev corpora of
+tests/test_prompt_filter.py (which thresholds and rules were tuned on) are reported separately.
+
+Latency: one thread, the filter warmed up, each prompt checked ``--repeat`` times; short prompts
+(the held-out and dev prompts under 300 characters) and 2,000-character prompts (filler clauses
+with and without one disallowed clause somewhere, and one unpunctuated run of words).
 """
 from __future__ import annotations
 
@@ -15,28 +20,30 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from safety import normalize  # noqa: E402
 from safety.prompt_filter import PromptFilter  # noqa: E402
 
+HELDOUT = ROOT / "training" / "prompt_gate" / "heldout.jsonl"
+LANGS = ["en", "es", "de", "fr", "pt", "it", "ru", "ja", "zh", "ko", "ar"]
 
-def _load_corpora():
-    spec = importlib.util.spec_from_file_location("_pf_tests", ROOT / "tests" / "test_prompt_filter.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-SUBJECTS = ["a lighthouse", "a red fox", "an old bicycle", "a teapot", "a mountain village", "a sailboat",
-            "a robot gardener", "a city street", "a bowl of fruit", "a snowy forest", "a jazz band", "a desert canyon"]
-STYLES = ["oil painting", "35mm photo, golden hour", "watercolor", "isometric 3d render, 4k",
-          "pencil sketch", "studio ghibli style, highly detailed, trending on artstation, soft light, wide angle"]
+# Filler for the 2,000-character latency prompts (not used by the quality figures).
+LONG_FILLER = ["golden hour light over a quiet bay", "a wooden rowing boat", "impressionist brush strokes",
+               "a cobblestone street after rain", "an orange cat on a fence", "dramatic cumulus clouds",
+               "a vintage bicycle with a basket", "intricate art nouveau border", "a steaming bowl of soup",
+               "tall pine trees", "a red telephone box", "highly detailed, 8k, masterpiece"]
+LONG_CORES = ["a corpse with its throat slit open", "a woman with no clothes at all", "a man hanging from a noose",
+              "two people having explicit sex", "a swastika flag at a rally", "a gunman firing into a crowd"]
 
 
 def percentile(xs, q):
@@ -46,8 +53,24 @@ def percentile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def run(f: PromptFilter, prompts, repeat: int):
-    for p in prompts[:20]:  # warm-up
+def long_prompts(n: int = 30) -> list[str]:
+    rng = random.Random(5)
+    out = []
+    for i in range(n):
+        parts: list[str] = []
+        while len(", ".join(parts)) < 2000:
+            parts.append(rng.choice(LONG_FILLER))
+        if i % 2:
+            parts.insert(rng.randrange(len(parts)), rng.choice(LONG_CORES))
+        text = ", ".join(parts)
+        if i % 5 == 4:
+            text = text.replace(",", "")  # one long unpunctuated run
+        out.append(text[:2000])
+    return out
+
+
+def latency(f: PromptFilter, prompts: list[str], repeat: int) -> dict:
+    for p in prompts[:10]:
         f.check(p)
     times = []
     for _ in range(repeat):
@@ -57,12 +80,71 @@ def run(f: PromptFilter, prompts, repeat: int):
             times.append((time.perf_counter() - t) * 1000.0)
     return {
         "n_checks": len(times),
-        "p50_ms": round(percentile(times, 0.5), 3),
-        "p90_ms": round(percentile(times, 0.9), 3),
-        "p99_ms": round(percentile(times, 0.99), 3),
-        "mean_ms": round(statistics.fmean(times), 3),
-        "max_ms": round(max(times), 3),
+        "p50_ms": round(percentile(times, 0.5), 2),
+        "p90_ms": round(percentile(times, 0.9), 2),
+        "p99_ms": round(percentile(times, 0.99), 2),
+        "max_ms": round(max(times), 2),
+        "mean_ms": round(statistics.fmean(times), 2),
     }
+
+
+def rate(a: int, b: int) -> dict:
+    return {"stopped": a, "n": b, "rate": round(a / b, 4) if b else None}
+
+
+def quality(f: PromptFilter, rows: list[dict]) -> dict:
+    groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    misses, false_pos = [], []
+    for r in rows:
+        v = f.check(r["prompt"])
+        stopped = v.decision != "allow"
+        if r["label"] == "disallowed":
+            keys = [("disallowed", "all"), ("category", r["category"]), ("kind", r["kind"]), ("language", r["lang"])]
+            if not stopped:
+                misses.append({"kind": r["kind"], "category": r["category"], "lang": r["lang"], "prompt": r["prompt"][:120]})
+        else:
+            keys = [("benign", "all"), ("benign_kind", r["kind"]), ("benign_language", r["lang"])]
+            if stopped:
+                false_pos.append({"kind": r["kind"], "lang": r["lang"], "prompt": r["prompt"][:120],
+                                  "decision": v.decision, "category": v.category, "matched": v.matched[:80]})
+        for g, k in keys:
+            groups[g][k][0] += stopped
+            groups[g][k][1] += 1
+    out = {g: {k: rate(*v) for k, v in sorted(d.items())} for g, d in groups.items()}
+    out["misses"] = misses
+    out["false_positives"] = false_pos
+    return out
+
+
+def dev_quality(f: PromptFilter) -> dict:
+    spec = importlib.util.spec_from_file_location("_pf_tests", ROOT / "tests" / "test_prompt_filter.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    dis = list(mod.ALL_DISALLOWED) + list(mod.KNOWN_MISSES)
+    return {"disallowed": rate(sum(f.check(p).decision != "allow" for p in dis), len(dis)),
+            "benign": rate(sum(f.check(p).decision != "allow" for p in mod.BENIGN), len(mod.BENIGN))}, mod
+
+
+def overlap_with_corpus(rows: list[dict]) -> tuple[int, int]:
+    """(held-out prompts that read like a generated corpus row, of which the trainer drops none).
+    The trainer drops every corpus row that reads like a held-out prompt, so the second is 0
+    by construction; the first says how many such rows the generator produced."""
+    from training.prompt_corpus import build
+
+    held = {normalize.canonicalize(r["prompt"]) for r in rows}
+    generated = {normalize.canonicalize(r["text"]) for r in build()}
+    trained = generated - held
+    return len(held & generated), sum(normalize.canonicalize(r["prompt"]) in trained for r in rows)
+
+
+def terms_per_language(f: PromptFilter) -> dict:
+    out = {}
+    for lang in LANGS:
+        if lang == "en":
+            out[lang] = sum(len(c.terms) + len(c.euphemisms) for c in f.categories)
+        else:
+            out[lang] = sum(len(c.translations.get(lang, [])) for c in f.categories)
+    return out
 
 
 def main(argv=None):
@@ -70,12 +152,11 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prompt_filter.json"))
     args = ap.parse_args(argv)
+    import torch
 
-    corp = _load_corpora()
-    templated = [f"{s}, {st}" for s in SUBJECTS for st in STYLES]
-    benign = list(corp.BENIGN) + templated
-    disallowed = list(corp.ALL_DISALLOWED) + list(corp.KNOWN_MISSES)
-    prompts = [p for pair in zip(benign, disallowed) for p in pair] + benign[len(disallowed):] + disallowed[len(benign):]
+    torch.set_num_threads(1)
+    rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
+    n_generated, n_overlap = overlap_with_corpus(rows)
 
     t = time.perf_counter()
     rules = PromptFilter.load(use_embeddings=False)
@@ -84,38 +165,52 @@ def main(argv=None):
     full = PromptFilter.load(use_embeddings=True)
     load_full_ms = (time.perf_counter() - t) * 1000
 
+    q_full, q_rules = quality(full, rows), quality(rules, rows)
+    dev_full, mod = dev_quality(full)
+    dev_rules, _ = dev_quality(rules)
+    short = [r["prompt"] for r in rows if len(r["prompt"]) < 300]
+    short += [p for p in list(mod.BENIGN) + list(mod.ALL_DISALLOWED) if len(p) < 300]
+    longs = long_prompts()
     results = {
         "command": " ".join([".venv/bin/python", "bench/prompt_filter_bench.py"] + (argv if argv is not None else sys.argv[1:])),
         "policy_version": full.version,
         "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "torch_threads": __import__("torch").get_num_threads(),
-        "n_prompts": len(prompts),
-        "n_benign": len(benign),
-        "n_disallowed": len(disallowed),
+        "torch_threads": torch.get_num_threads(),
+        "heldout": {"file": str(HELDOUT.relative_to(ROOT)), "n": len(rows), "rows_also_in_training_corpus": n_overlap,
+                    "generated_rows_reading_like_heldout_dropped_by_trainer": n_generated},
+        "quality_heldout": {"with_head": q_full, "rules_only": q_rules},
+        "quality_dev": {"with_head": dev_full, "rules_only": dev_rules},
+        "terms_per_language": terms_per_language(full),
         "load_ms": {"rules_only": round(load_rules_ms, 1), "with_embeddings": round(load_full_ms, 1)},
-        "latency": {"rules_only": run(rules, prompts, args.repeat), "with_embeddings": run(full, prompts, args.repeat)},
-        "decisions": {},
+        "latency": {
+            "short": {"n_prompts": len(short), "rules_only": latency(rules, short, args.repeat),
+                      "with_head": latency(full, short, args.repeat)},
+            "2000_chars": {"n_prompts": len(longs), "rules_only": latency(rules, longs, args.repeat),
+                           "with_head": latency(full, longs, args.repeat)},
+        },
     }
-    for name, f in (("rules_only", rules), ("with_embeddings", full)):
-        fp = sum(f.check(p).decision != "allow" for p in benign)
-        caught = sum(f.check(p).decision != "allow" for p in disallowed)
-        results["decisions"][name] = {
-            "benign_flagged": fp,
-            "benign_total": len(benign),
-            "disallowed_flagged": caught,
-            "disallowed_total": len(disallowed),
-        }
-
-    print(f"prompt filter benchmark ({len(prompts)} prompts x {args.repeat}, policy {full.version})")
-    print(f"{'mode':18}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'mean ms':>9}{'benign flagged':>16}{'disallowed flagged':>20}")
-    for name in ("rules_only", "with_embeddings"):
-        lat, d = results["latency"][name], results["decisions"][name]
-        print(f"{name:18}{lat['p50_ms']:9.2f}{lat['p90_ms']:9.2f}{lat['p99_ms']:9.2f}{lat['mean_ms']:9.2f}"
-              f"{d['benign_flagged']:>9}/{d['benign_total']:<6}{d['disallowed_flagged']:>12}/{d['disallowed_total']:<7}")
-    print(f"load: rules only {load_rules_ms:.0f} ms, with embeddings {load_full_ms:.0f} ms (includes torch import)")
+    q = q_full
+    print(f"prompt filter benchmark, policy {full.version}; held-out {len(rows)} prompts "
+          f"({n_overlap} in the training corpus; {n_generated} generated look-alikes dropped by the trainer)")
+    print(f"{'held-out group':28}{'with head':>14}{'rules only':>14}")
+    for g in ("disallowed", "category", "kind", "benign", "benign_kind"):
+        for k, v in q[g].items():
+            r = q_rules[g][k]
+            print(f"{g + ':' + k:28}{v['stopped']:>6}/{v['n']:<4}{v['rate']:>5.0%}{r['stopped']:>6}/{r['n']:<4}{r['rate']:>5.0%}")
+    print(f"{'language':10}{'terms':>6}{'disallowed stopped':>22}{'benign stopped':>18}")
+    for lang in LANGS:
+        d = q["language"].get(lang, {"stopped": 0, "n": 0})
+        b = q["benign_language"].get(lang, {"stopped": 0, "n": 0})
+        print(f"{lang:10}{results['terms_per_language'][lang]:>6}{d['stopped']:>16}/{d['n']:<5}{b['stopped']:>12}/{b['n']:<5}")
+    print(f"dev corpora (tuned on): disallowed {dev_full['disallowed']['stopped']}/{dev_full['disallowed']['n']}, "
+          f"benign flagged {dev_full['benign']['stopped']}/{dev_full['benign']['n']}")
+    for name, lat in results["latency"].items():
+        for mode in ("rules_only", "with_head"):
+            x = lat[mode]
+            print(f"latency {name:11}{mode:11} p50 {x['p50_ms']:7.2f} ms  p99 {x['p99_ms']:7.2f} ms  max {x['max_ms']:7.2f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     print(f"wrote {out}")
 
 

@@ -77,20 +77,22 @@ class MiniLMEmbedder:
         self.n_layers = int(cfg["num_hidden_layers"])
         self.hidden = int(cfg["hidden_size"])
         self.w = w
+        self._w_fast: dict | None = None
+        self._word_emb = w["embeddings.word_embeddings.weight"]
         self._lock = threading.Lock()
 
     # -- the encoder ---------------------------------------------------------
-    def _ln(self, x, prefix):
+    def _ln(self, x, prefix, w):
         F = self._torch.nn.functional
-        return F.layer_norm(x, (self.hidden,), self.w[prefix + ".weight"], self.w[prefix + ".bias"], self.eps)
+        return F.layer_norm(x, (self.hidden,), w[prefix + ".weight"], w[prefix + ".bias"], self.eps)
 
-    def _lin(self, x, prefix):
-        return self._torch.nn.functional.linear(x, self.w[prefix + ".weight"], self.w[prefix + ".bias"])
+    def _lin(self, x, prefix, w):
+        return self._torch.nn.functional.linear(x, w[prefix + ".weight"], w[prefix + ".bias"])
 
-    def _forward(self, ids, mask):
+    def _forward(self, ids, mask, w=None):
         torch = self._torch
         F = torch.nn.functional
-        w = self.w
+        w = self.w if w is None else w
         b, n = ids.shape
         pos = torch.arange(n).unsqueeze(0)
         x = (
@@ -98,7 +100,7 @@ class MiniLMEmbedder:
             + F.embedding(pos, w["embeddings.position_embeddings.weight"])
             + w["embeddings.token_type_embeddings.weight"][0]
         )
-        x = self._ln(x, "embeddings.LayerNorm")
+        x = self._ln(x.to(w["embeddings.LayerNorm.weight"].dtype), "embeddings.LayerNorm", w)
         h, d = self.n_heads, self.hidden // self.n_heads
         attn_mask = mask[:, None, None, :].bool()  # (b, 1, 1, n): True = attend
         for i in range(self.n_layers):
@@ -107,20 +109,37 @@ class MiniLMEmbedder:
             def heads(t):
                 return t.view(b, n, h, d).transpose(1, 2)
 
-            q = heads(self._lin(x, p + "attention.self.query"))
-            k = heads(self._lin(x, p + "attention.self.key"))
-            v = heads(self._lin(x, p + "attention.self.value"))
+            q = heads(self._lin(x, p + "attention.self.query", w))
+            k = heads(self._lin(x, p + "attention.self.key", w))
+            v = heads(self._lin(x, p + "attention.self.value", w))
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
             a = a.transpose(1, 2).reshape(b, n, self.hidden)
-            x = self._ln(x + self._lin(a, p + "attention.output.dense"), p + "attention.output.LayerNorm")
-            y = F.gelu(self._lin(x, p + "intermediate.dense"))
-            x = self._ln(x + self._lin(y, p + "output.dense"), p + "output.LayerNorm")
+            x = self._ln(x + self._lin(a, p + "attention.output.dense", w), p + "attention.output.LayerNorm", w)
+            y = F.gelu(self._lin(x, p + "intermediate.dense", w))
+            x = self._ln(x + self._lin(y, p + "output.dense", w), p + "output.LayerNorm", w)
         return x
 
-    def encode(self, texts: list[str], batch_size: int = 32):
+    def _fast_weights(self) -> dict:
+        """bfloat16 copies of the encoder weights (embedding tables stay float32)."""
+        if self._w_fast is None:
+            torch = self._torch
+            self._w_fast = {
+                k: (v if k.startswith("embeddings.word") or k.startswith("embeddings.position") else v.to(torch.bfloat16))
+                for k, v in self.w.items()
+            }
+        return self._w_fast
+
+    def encode(self, texts: list[str], batch_size: int = 32, fast: bool = False):
+        """Unit-norm sentence embeddings, float32 (n, 384).
+
+        ``fast`` runs the encoder in bfloat16 where the CPU has native bf16 instructions
+        (``fast_available()``): 2-3x faster on short batches, cosine to the float32 result
+        >= 0.9999. Elsewhere it is the float32 path.
+        """
         torch = self._torch
         if not texts:
             return torch.zeros((0, self.hidden))
+        w = self._fast_weights() if fast and fast_available() else self.w
         out = []
         with self._lock, torch.inference_mode():
             for s in range(0, len(texts), batch_size):
@@ -131,13 +150,45 @@ class MiniLMEmbedder:
                 for j, e in enumerate(encs):
                     ids[j, : len(e.ids)] = torch.tensor(e.ids)
                     mask[j, : len(e.ids)] = 1
-                hs = self._forward(ids, mask)
+                hs = self._forward(ids, mask, w).float()
                 m = mask.unsqueeze(-1).to(hs.dtype)
                 pooled = (hs * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 out.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
         return torch.cat(out)
 
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        """WordPiece ids without [CLS]/[SEP], truncated like ``encode``."""
+        return [e.ids[1:-1] for e in self.tokenizer.encode_batch(list(texts))]
 
+    def bag(self, ids: list[list[int]]):
+        """Mean of the static input embeddings of each id list (n, 384): a bag of word pieces,
+        thousands of times cheaper than the encoder; the prompt filter ranks clauses with it."""
+        torch = self._torch
+        flat = [i for row in ids for i in row] or [0]
+        offsets, pos = [], 0
+        for row in ids:
+            offsets.append(pos)
+            pos += len(row)
+        with torch.inference_mode():
+            return torch.nn.functional.embedding_bag(
+                torch.tensor(flat, dtype=torch.long), self._word_emb,
+                torch.tensor(offsets, dtype=torch.long), mode="mean",
+            )
+
+
+def fast_available() -> bool:
+    """Whether the CPU has native bfloat16 dot products (avx512_bf16 or AMX)."""
+    global _FAST
+    if _FAST is None:
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+            _FAST = " avx512_bf16" in flags or " amx_bf16" in flags
+        except OSError:
+            _FAST = False
+    return _FAST
+
+
+_FAST: bool | None = None
 _DEFAULT: MiniLMEmbedder | None = None
 _DEFAULT_LOCK = threading.Lock()
 

