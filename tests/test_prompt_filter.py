@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import warnings
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest

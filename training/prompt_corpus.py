@@ -231,7 +231,7 @@ def _dev_rows() -> list[tuple[str, str]]:
     spec.loader.exec_module(mod)
     out = [(p, "") for p in mod.BENIGN]
     out += [(p, cats[0]) for p, cats in mod.SEMANTIC_CASES + getattr(mod, "RULE_CAUGHT_PARAPHRASES", [])]
-    out += list(zip(mod.KNOWN_MISSES, DEV_KNOWN_MISS_CATEGORIES))
+    out += list(zip(mod.KNOWN_MISSES, DEV_KNOWN_MISS_CATEGORIES, strict=True))
     return out
 
 

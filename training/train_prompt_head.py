@@ -62,7 +62,7 @@ def embed_cached(texts: list[str], cache: Path, deadline: float):
     store: dict[str, np.ndarray] = {}
     if cache.exists():
         z = np.load(cache)
-        store = dict(zip(z["keys"].tolist(), z["emb"]))
+        store = dict(zip(z["keys"].tolist(), z["emb"], strict=True))
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
     todo = [i for i, k in enumerate(keys) if k not in store]
     log(f"embedding {len(todo)} of {len(texts)} texts (cache {cache})")
@@ -71,7 +71,7 @@ def embed_cached(texts: list[str], cache: Path, deadline: float):
             raise SystemExit("out of time; rerun to resume from the cache")
         idx = todo[s : s + 256]
         vecs = emb.encode([texts[i] for i in idx], batch_size=64).numpy()
-        for i, v in zip(idx, vecs):
+        for i, v in zip(idx, vecs, strict=True):
             store[keys[i]] = v
         if (s // 256) % 8 == 7 or s + 256 >= len(todo):
             np.savez(cache, keys=np.array(list(store)), emb=np.stack(list(store.values())))
