@@ -10,6 +10,8 @@ The GPU never waits for CPU work:
   a bounded hand-off (IMAGEGEN_HANDOFF_DEPTH batches), drained by a writer thread with
   IMAGEGEN_ENCODE_THREADS encoder threads; when storage is slow the hand-off fills and the
   denoising thread waits, so memory stays flat;
+- previews are judged by the image gate on a thread of their own (gpu_tasks/previews.py), and
+  only the allowed ones are sent;
 - leases of every job this worker holds (denoising, claimed ahead, waiting in the hand-off) are
   renewed by a keeper thread, the denoising one only while its pass makes progress, so a hung
   pipeline still loses its jobs to the reaper.
@@ -39,6 +41,7 @@ from PIL import Image
 from redis.exceptions import RedisError
 
 from gpu_tasks.pipeline import Row, get_model
+from gpu_tasks.previews import PreviewGate
 from imagegen import metrics
 from jobs import actions, encoding, events
 from jobs.models import Batch, GeneratedImage, GenerationJob
@@ -143,6 +146,7 @@ class Runner:
         self._lock = threading.Lock()
         self._held: dict[str, set[str]] = {}  # batch id -> job ids waiting (claimed ahead, or in the hand-off)
         self._current: _Current | None = None
+        self._previews = PreviewGate()
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name=f"handoff-{lane}", daemon=True)
         self._writer.start()
@@ -181,7 +185,6 @@ class Runner:
         for i, row in enumerate(rows):
             first_row.setdefault(row.job_id, i)
         created = {str(job.id): job.created_at.timestamp() for job in jobs}
-        previewed: set[str] = set()
         last_preview = 0.0
         asked_ahead = False
         current = _Current(job_ids)
@@ -214,13 +217,11 @@ class Runner:
                 and step < total
                 and now - last_preview >= settings.IMAGEGEN_PREVIEW_MIN_INTERVAL
             ):
-                last_preview = now
-                for job_id in live:
-                    image = model.preview(latents, first_row[job_id], batch.width, batch.height)
-                    events.publish(job_id, {"type": "preview", "step": step, "image": image})
-                    if job_id not in previewed:
-                        previewed.add(job_id)
-                        metrics.observe("imagegen_time_to_first_preview_seconds", time.time() - created[job_id])
+                wanted = [j for j in live if self._previews.wants(j)]
+                if wanted:
+                    last_preview = now
+                    pictures = model.preview_images(latents, [first_row[j] for j in wanted], batch.width, batch.height)
+                    self._previews.offer(step, list(zip(wanted, pictures, strict=True)), created)
             return False
 
         Batch.objects.filter(id=batch.id).update(pass_started_at=timezone.now())
@@ -246,6 +247,7 @@ class Runner:
             actions.close_empty(batch.id)
             return
         seconds = time.monotonic() - started
+        self._previews.forget(job_ids)
         with self._lock:
             self._held[str(batch.id)] = set(job_ids) - cancelled
             self._current = None

@@ -7,8 +7,6 @@ an image does not depend on the company it keeps in the batch.
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import logging
 import threading
@@ -47,6 +45,11 @@ class Row:
     prompt: str
     negative_prompt: str
     seed: int
+
+
+def preview_size(width: int, height: int) -> tuple[int, int]:
+    scale = min(PREVIEW_MAX_SIDE, max(width, height)) / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
 
 
 StepCallback = Callable[[int, int, "object"], bool]  # (step, total, latents) -> stop?
@@ -118,19 +121,19 @@ class LoadedModel:
             return None
         return list(out.images)
 
-    def preview(self, latents, row_index: int, width: int, height: int) -> str:
-        """A small JPEG data URL approximating what row row_index will look like."""
-        lat = latents[row_index].detach().float().cpu().numpy()  # (4, h, w)
-        rgb = np.einsum("ck,khw->hwc", self.preview_map["weight"], lat) + self.preview_map["bias"]
-        if self.preview_map["minus_one_one"]:
-            rgb = (rgb + 1.0) / 2.0
-        pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8)
-        scale = min(PREVIEW_MAX_SIDE, max(width, height)) / max(width, height)
-        size = (max(1, round(width * scale)), max(1, round(height * scale)))
-        image = Image.fromarray(pixels).resize(size, Image.Resampling.BILINEAR)
-        buf = io.BytesIO()
-        image.save(buf, format="JPEG", quality=70)
-        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
+        """Small pictures (at most PREVIEW_MAX_SIDE on the long side) approximating what the rows
+        will look like, from the step callback's latents. Not sent as they are: the generate
+        stage passes them through the image gate first."""
+        out = []
+        for row_index in row_indices:
+            lat = latents[row_index].detach().float().cpu().numpy()  # (4, h, w)
+            rgb = np.einsum("ck,khw->hwc", self.preview_map["weight"], lat) + self.preview_map["bias"]
+            if self.preview_map["minus_one_one"]:
+                rgb = (rgb + 1.0) / 2.0
+            pixels = (np.clip(rgb, 0.0, 1.0) * 255).astype(np.uint8)
+            out.append(Image.fromarray(pixels).resize(preview_size(width, height), Image.Resampling.BILINEAR))
+        return out
 
 
 def apply_runtime_levers(pipe) -> None:

@@ -19,9 +19,7 @@ inside the last step's time budget, so a pass costs what the cost model says.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import io
 import threading
 import time
 
@@ -29,7 +27,7 @@ import numpy as np
 from django.conf import settings
 from PIL import Image
 
-from gpu_tasks.pipeline import PREVIEW_MAX_SIDE, Row, StepCallback
+from gpu_tasks.pipeline import Row, StepCallback, preview_size
 
 NOISE_AMPLITUDE = 7  # +-levels of per-pixel noise: about 12 bits a pixel after PNG, as photos
 _noise_lock = threading.Lock()
@@ -87,11 +85,6 @@ class SimulatedModel:
                 return None
         return out
 
-    def preview(self, latents, row_index: int, width: int, height: int) -> str:
+    def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
         rows = latents  # the simulated loop hands its rows in place of latents
-        scale = min(PREVIEW_MAX_SIDE, max(width, height)) / max(width, height)
-        colour = tuple(_digest(rows[row_index])[:3])
-        image = Image.new("RGB", (max(1, round(width * scale)), max(1, round(height * scale))), colour)
-        buf = io.BytesIO()
-        image.save(buf, format="JPEG", quality=60)
-        return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+        return [picture(rows[i], *preview_size(width, height)) for i in row_indices]

@@ -19,14 +19,14 @@ def _queues(sender) -> set[str]:
 @worker_ready.connect
 def _on_worker_ready(sender=None, **kwargs):
     queues = _queues(sender)
-    if settings.QUEUE_CLASSIFY in queues:
+    gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
+    if settings.QUEUE_CLASSIFY in queues or gpu_queues:  # GPU workers gate their previews
         from safety import image_gate
 
         try:
             image_gate.get_classifier()  # load once, before the first batch
         except image_gate.ImageGateError:
             log.exception("the image classifier could not be loaded; every batch will fail closed")
-    gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
     if not gpu_queues:
         return
     from gpu_tasks.generate import WORKER_ID, runner_for

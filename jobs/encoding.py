@@ -9,6 +9,8 @@ at level 1, against 227 ms). The level is a setting (IMAGEGEN_PNG_COMPRESS_LEVEL
 
 from __future__ import annotations
 
+import base64
+import io
 import struct
 import zlib
 from dataclasses import dataclass
@@ -52,6 +54,13 @@ def png_bytes(image: Image.Image, level: int | None = None, text: dict[str, str]
             meta += _chunk(b"iTXt", key.encode("latin-1") + b"\0\0\0\0\0" + value.encode("utf-8"))
     return (PNG_SIGNATURE + _chunk(b"IHDR", header) + meta + _chunk(b"IDAT", zlib.compress(raw.tobytes(), level))
             + _chunk(b"IEND", b""))
+
+
+def jpeg_data_url(image: Image.Image, quality: int = 70) -> str:
+    """A preview as sent in events: a small JPEG inline."""
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="JPEG", quality=quality)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
 def encode(image: Image.Image) -> Encoded:

@@ -1,0 +1,89 @@
+"""Gated previews: a preview is an image too, so it passes the image gate before any watcher
+sees it.
+
+The denoising thread only makes the small pictures and offers them; a gate thread judges each
+round in one batched call and sends the allowed ones. A job whose preview is judged block or
+review gets no more previews; when the gate fails, that round sends nothing. Previews are best
+effort: a round offered while the gate is still busy with the previous one is dropped, so the
+GPU never waits for the gate.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+from PIL import Image
+
+from imagegen import metrics
+from jobs import encoding, events
+from safety import image_gate
+
+log = logging.getLogger(__name__)
+
+
+class PreviewGate:
+    def __init__(self) -> None:
+        self._rounds: queue.Queue = queue.Queue(maxsize=1)
+        self._lock = threading.Lock()
+        self._withheld: set[str] = set()  # jobs whose preview the gate did not allow
+        self._sent: set[str] = set()  # jobs that have had a preview (for time-to-first-preview)
+        self._thread = threading.Thread(target=self._loop, name="preview-gate", daemon=True)
+        self._thread.start()
+
+    def wants(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id not in self._withheld
+
+    def offer(self, step: int, pictures: list[tuple[str, Image.Image]], created: dict[str, float]) -> bool:
+        """Hand a round of previews to the gate; False when the gate is busy (the round is dropped)."""
+        try:
+            self._rounds.put_nowait((step, pictures, created))
+            return True
+        except queue.Full:
+            return False
+
+    def forget(self, job_ids) -> None:
+        """The jobs' pass is over: no more previews will be offered for them."""
+        with self._lock:
+            self._withheld.difference_update(job_ids)
+            self._sent.difference_update(job_ids)
+
+    def drain(self, timeout: float = 5.0) -> None:
+        """Wait until the rounds offered so far are judged (tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while (self._rounds.unfinished_tasks or 0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def _loop(self) -> None:
+        while True:
+            step, pictures, created = self._rounds.get()
+            try:
+                self._judge_and_send(step, pictures, created)
+            except Exception:
+                log.exception("a preview round failed; nothing of it was sent")
+            finally:
+                self._rounds.task_done()
+
+    def _judge_and_send(self, step: int, pictures: list[tuple[str, Image.Image]], created: dict[str, float]) -> None:
+        pictures = [(job_id, picture) for job_id, picture in pictures if self.wants(job_id)]
+        if not pictures:
+            return
+        try:
+            judgements = image_gate.judge([picture for _, picture in pictures])
+        except image_gate.ImageGateError as exc:
+            log.warning("the image gate failed on a preview round (%s); no previews sent", exc)
+            return
+        for (job_id, picture), judgement in zip(pictures, judgements, strict=True):
+            if judgement.decision != "allow":
+                with self._lock:
+                    self._withheld.add(job_id)
+                continue
+            events.publish(job_id, {"type": "preview", "step": step, "image": encoding.jpeg_data_url(picture)})
+            with self._lock:
+                first = job_id not in self._sent
+                self._sent.add(job_id)
+            if first and job_id in created:
+                metrics.observe("imagegen_time_to_first_preview_seconds", time.time() - created[job_id])

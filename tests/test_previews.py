@@ -1,0 +1,91 @@
+"""Gated previews: every preview passes the image gate before a watcher gets it; a job whose
+preview is judged block or review gets no more; with the gate failing, no previews at all."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from jobs import events
+from jobs.models import GenerationJob
+from tests import fake_classifiers
+from tests.conftest import admitted_to, wait_for_status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LANE = "previews"
+
+
+@pytest.fixture(scope="module")
+def preview_worker(start_worker):
+    # A preview every 2 steps, unthrottled; the fill wait holds a lone job back long enough for
+    # the test to subscribe before its pass starts.
+    worker = start_worker("gpu-previews", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_MODEL_NAME=LANE,
+                          IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
+    yield worker
+    worker.stop()
+
+
+@pytest.fixture
+def classifier_mode():
+    fake_classifiers.set_mode(None)
+    yield fake_classifiers.set_mode
+    fake_classifiers.set_mode(None)
+
+
+def watch(api, prompt: str, seed: int) -> tuple[str, list[dict]]:
+    """Submit to the preview lane and collect every event of the job until its final status."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    with admitted_to(LANE):
+        response = api.post("/api/v1/jobs", {"prompt": prompt, "width": 64, "height": 64, "steps": 12, "seed": seed},
+                            format="json")
+    assert response.status_code == 202, response.content
+    job_id = response.json()["id"]
+    async_to_sync(layer.group_add)(events.group_name(job_id), channel)
+    seen: list[dict] = []
+    deadline = time.monotonic() + 60
+
+    async def receive():
+        import asyncio
+
+        return await asyncio.wait_for(layer.receive(channel), timeout=2)
+
+    while time.monotonic() < deadline:
+        try:
+            message = async_to_sync(receive)()
+        except TimeoutError:
+            if GenerationJob.objects.get(id=job_id).status not in ("queued", "running"):
+                break
+            continue
+        event = message["event"]
+        seen.append(event)
+        if event["type"] == "status" and event["status"] not in ("queued", "running"):
+            break
+    return job_id, seen
+
+
+def test_allowed_previews_reach_the_watchers(preview_worker, workers, alice_api, classifier_mode):
+    job_id, seen = watch(alice_api, "a red circle on a blue background", 501)
+    previews = [e for e in seen if e["type"] == "preview"]
+    assert wait_for_status(job_id, ("done",)).status == "done"
+    assert previews, [e["type"] for e in seen]
+    assert all(p["image"].startswith("data:image/jpeg;base64,") for p in previews)
+
+
+def test_a_job_whose_previews_the_gate_blocks_sends_none(preview_worker, workers, alice_api, classifier_mode):
+    classifier_mode('json:{"star": 0.99}')
+    job_id, seen = watch(alice_api, "a red circle on a green background", 502)
+    assert wait_for_status(job_id, ("blocked",)).status == "blocked"
+    assert [e for e in seen if e["type"] == "preview"] == []
+    assert any(e["type"] == "progress" for e in seen)  # it did run and was watched
+
+
+def test_with_the_gate_failing_no_preview_is_sent(preview_worker, workers, alice_api, classifier_mode):
+    classifier_mode("raise")
+    job_id, seen = watch(alice_api, "a red circle on a white background", 503)
+    assert wait_for_status(job_id, ("failed",)).status == "failed"
+    assert [e for e in seen if e["type"] == "preview"] == []
