@@ -42,6 +42,7 @@ def _judge(images: list[Image.Image]) -> tuple[list | None, str]:
 
 def classify(batch_id: str) -> bool:
     """Judge the batch; True when it moved on to publish (False: judged already, a duplicate)."""
+    from safety.gate_identity import gate_identity
     from safety.models import SafetyVerdict
 
     batch = Batch.objects.filter(id=batch_id, stage=BatchStage.CLASSIFY).first()
@@ -54,6 +55,7 @@ def classify(batch_id: str) -> bool:
         SafetyVerdict(
             job_id=row.job_id, image=row, image_index=row.index, stage="image", decision=j.decision,
             category=j.category, score=j.score, reason=j.reason, policy_version=j.version,
+            classifier=gate_identity(),
         )
         for row, j in zip(rows, judgements, strict=True)
     ]

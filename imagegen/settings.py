@@ -180,6 +180,17 @@ IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_
 # "sd-safety:<path>" (diffusers' StableDiffusionSafetyChecker), or "none" (explicit opt-out,
 # every verdict then says "unchecked"). Unset or broken: the image gate fails closed.
 IMAGEGEN_IMAGE_CLASSIFIER = env_str("IMAGEGEN_IMAGE_CLASSIFIER", f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v1'}")
+# Delivering images no classifier has judged is an explicit choice twice over in production:
+# IMAGEGEN_IMAGE_CLASSIFIER=none alone refuses to start unless this is set too.
+IMAGEGEN_ALLOW_UNCHECKED_DELIVERY = env_bool("IMAGEGEN_ALLOW_UNCHECKED_DELIVERY", False)
+if (not env_bool("IMAGEGEN_EMBEDDED", True) and IMAGEGEN_IMAGE_CLASSIFIER.strip() == "none"
+        and not IMAGEGEN_ALLOW_UNCHECKED_DELIVERY):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "IMAGEGEN_IMAGE_CLASSIFIER=none would deliver images no classifier has judged; in production "
+        "(IMAGEGEN_EMBEDDED=false) also set IMAGEGEN_ALLOW_UNCHECKED_DELIVERY=true to accept that"
+    )
 IMAGEGEN_CLASSIFIER_TIMEOUT = env_float("IMAGEGEN_CLASSIFIER_TIMEOUT", 30.0)
 IMAGEGEN_SAFETY_POLICY = env_str("IMAGEGEN_SAFETY_POLICY", str(BASE_DIR / "safety" / "policy.json"))
 
@@ -417,6 +428,9 @@ IMAGEGEN_HOT_DAYS = env_float("IMAGEGEN_HOT_DAYS", 30.0)
 IMAGEGEN_COLD_MAX_VIEWS = env_int("IMAGEGEN_COLD_MAX_VIEWS", 10)
 IMAGEGEN_DROP_COLD_BYTES = env_bool("IMAGEGEN_DROP_COLD_BYTES", False)
 IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
+# A job its owner deleted keeps its safety record (verdicts, quarantined images, an undecided
+# appeal) this many days, then retention purges it.
+IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
 CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard"]

@@ -2,10 +2,13 @@
 reuses the stored image instead of spending the GPU again.
 
 Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
-guidance, scheduler, per-image seed, safety policy version), scoped globally or per user.
-Value: the id of a stored image. An entry is served only while its image is delivered
-(public tier, job done, image verdict allow) and its bytes exist; anything else is a miss and
-the entry is dropped.
+guidance, scheduler, per-image seed, safety policy version, the image gate's identity), scoped
+globally or per user. The gate's identity in the key is the one that judged the image (recorded
+on its verdict), and a lookup uses the gate configured now, so an image judged by another
+classifier, or by none, is never served. Value: the id of a stored image. An entry is served
+only while its image is delivered (public tier, job done, an allow verdict by that gate) and its
+bytes exist; anything else is a miss and the entry is dropped. Unchecked images (classifier
+`none`) never enter the cache.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import logging
 from django.conf import settings
 
 from imagegen.redis_client import PREFIX, get_redis
+from safety.gate_identity import gate_identity, is_unchecked
 from safety.policy_version import policy_version
 
 log = logging.getLogger(__name__)
@@ -26,7 +30,7 @@ HITS_KEY = f"{PREFIX}stats:cache_hits"
 MISSES_KEY = f"{PREFIX}stats:cache_misses"
 
 
-def request_key(job, index: int, owner_id=None) -> str:
+def request_key(job, index: int, owner_id=None, classifier: str | None = None) -> str:
     canonical = {
         "model": job.model_version,
         "prompt": job.prompt,
@@ -38,6 +42,7 @@ def request_key(job, index: int, owner_id=None) -> str:
         "scheduler": job.scheduler,
         "seed": int(job.seed) + index,
         "policy": policy_version(),
+        "gate": classifier if classifier is not None else gate_identity(),
     }
     if settings.IMAGEGEN_CACHE_SCOPE == "user":
         canonical["owner"] = owner_id if owner_id is not None else job.owner_id
@@ -54,8 +59,8 @@ def _servable(image_id: str):
         return None
     if image.verdicts.filter(stage="image").exclude(decision="allow").exists():
         return None
-    if not image.verdicts.filter(stage__in=["image", "human"], decision="allow").exists():
-        return None
+    if not image.verdicts.filter(stage="image", decision="allow", classifier=gate_identity()).exists():
+        return None  # judged by another gate (or none): this gate has not allowed it
     if not public_storage().exists(image.storage_key):
         return None
     return image
@@ -63,7 +68,7 @@ def _servable(image_id: str):
 
 def lookup(job) -> dict[int, object]:
     """index -> a servable cached image, for the indices that hit."""
-    if not settings.IMAGEGEN_CACHE_ENABLED:
+    if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
         return {}
     r = get_redis()
     keys = [request_key(job, i) for i in range(job.count)]
@@ -90,7 +95,10 @@ def remember(job) -> None:
         return  # a moderator-approved prompt is never reused for someone else without review
     pipe = get_redis().pipeline()
     for image in job.images.filter(tier="public"):
-        pipe.set(request_key(job, image.index), str(image.id), ex=TTL_SECONDS)
+        judged_by = image.verdicts.filter(stage="image", decision="allow").values_list("classifier", flat=True).first()
+        if not judged_by or is_unchecked(judged_by):
+            continue  # unchecked (or a cache hit itself, already keyed): never a cache entry
+        pipe.set(request_key(job, image.index, classifier=judged_by), str(image.id), ex=TTL_SECONDS)
     pipe.execute()
 
 

@@ -64,6 +64,13 @@ class Batch(models.Model):
         return f"batch {self.id} {self.width}x{self.height}x{self.steps} ({self.size}/{self.cap})"
 
 
+class JobQuerySet(models.QuerySet):
+    def visible(self) -> JobQuerySet:
+        """What owners see: not deleted. (A deleted job's safety record stays for
+        IMAGEGEN_SAFETY_RECORD_DAYS, for moderators and appeals.)"""
+        return self.filter(deleted_at=None)
+
+
 class GenerationJob(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
@@ -98,6 +105,11 @@ class GenerationJob(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The owner deleted it: gone from their view, public bytes purged; the safety record (verdicts,
+    # quarantined evidence, an appeal) stays until retention purges it.
+    deleted_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    objects = JobQuerySet.as_manager()
 
     # Not stored: the admission estimate jobs.submit leaves on a job it has just accepted.
     estimate: Any = None

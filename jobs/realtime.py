@@ -62,7 +62,7 @@ def token_user(header: str):
 def owned_job(user, job_id) -> GenerationJob | None:
     if user is None or not user.is_authenticated:
         return None
-    return GenerationJob.objects.filter(id=job_id, owner=user).first()
+    return GenerationJob.objects.visible().filter(id=job_id, owner=user).first()
 
 
 @database_sync_to_async

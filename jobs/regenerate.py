@@ -194,7 +194,7 @@ class ImageDetail(APIView):
     )
     def get(self, request, image_id):
         image = get_object_or_404(
-            GeneratedImage.objects.select_related("job"), id=image_id, job__owner=request.user,
+            GeneratedImage.objects.select_related("job"), id=image_id, job__owner=request.user, job__deleted_at=None,
         )
         if image.tier == "deleted":
             return _gone(image, "The image was deleted.")

@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from imagegen.redis_client import PREFIX, get_redis
 from jobs import cdn
+from jobs.actions import purge_deleted
 from jobs.models import GeneratedImage
 from jobs.storage import image_url, is_s3, public_storage, s3_location
 
@@ -182,6 +183,7 @@ def apply_retention(now=None) -> dict:
         "warmed": warm_up(),
         "cold": move_to_cold(now),
         "dropped": drop_cold_bytes(now),
+        "deleted_records_purged": purge_deleted(settings.IMAGEGEN_SAFETY_RECORD_DAYS),
     }
 
 

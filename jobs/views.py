@@ -22,7 +22,7 @@ from jobs.submit import submit_job
 
 def own_job(request, job_id) -> GenerationJob:
     # Another user's job is a 404, never a 403: existence does not leak.
-    return get_object_or_404(GenerationJob.objects.select_related("batch"), id=job_id, owner=request.user)
+    return get_object_or_404(GenerationJob.objects.visible().select_related("batch"), id=job_id, owner=request.user)
 
 
 class NewestFirst(CursorPagination):
@@ -56,7 +56,7 @@ class JobListCreate(ListAPIView):
 
     def get_queryset(self):
         return (
-            GenerationJob.objects.filter(owner=self.request.user)
+            GenerationJob.objects.visible().filter(owner=self.request.user)
             .select_related("batch")
             .prefetch_related("images")
         )

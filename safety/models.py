@@ -30,6 +30,9 @@ class SafetyVerdict(models.Model):
     score = models.FloatField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
     policy_version = models.CharField(max_length=100, blank=True, default="")
+    # Image verdicts: the gate that judged (safety.gate_identity); the request-hash cache serves
+    # an image only to requests this same gate would judge.
+    classifier = models.CharField(max_length=300, blank=True, default="")
     reviewer = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

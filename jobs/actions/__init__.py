@@ -21,7 +21,7 @@ from jobs.actions.delivery import (
     record_verdicts,
     requeue_stuck_batches,
 )
-from jobs.actions.images import delete_job, take_down
+from jobs.actions.images import delete_job, purge_deleted, take_down
 from jobs.actions.lifecycle import (
     admit,
     attach_cached,
@@ -48,6 +48,6 @@ __all__ = [
     "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job",
     "claim_batch", "close_empty", "create_queued", "delete_job", "enqueue", "fail_running", "fail_unstarted",
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
-    "move_queued", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
+    "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
     "requeue_expired", "requeue_stuck_batches", "return_to_queue_now", "review_queue", "shape_of", "take_down",
 ]

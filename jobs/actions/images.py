@@ -8,9 +8,11 @@ longer point at it (it serves only public images).
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from functools import partial
 
 from django.db import transaction
+from django.utils import timezone
 
 from jobs import cdn
 from jobs.models import GeneratedImage, GenerationJob
@@ -36,17 +38,36 @@ def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> i
 
 
 def delete_job(job: GenerationJob) -> None:
-    """The owner deletes a job: cancelled first if it has not finished, its images' public
-    objects purged, private copies deleted when nothing else points at them, then the row."""
+    """The owner deletes a job: cancelled first if it has not finished, gone from the owner's
+    view, its public objects purged. Its safety record stays: the verdicts, the quarantined
+    images (evidence of what was held or blocked) and a pending appeal, which moderators still
+    decide; retention purges it after IMAGEGEN_SAFETY_RECORD_DAYS (purge_deleted)."""
     from jobs.actions.lifecycle import cancel_job
 
     if not job.is_terminal:
         cancel_job(job)
-    images = list(job.images.all())
-    private_keys = [im.storage_key for im in images if im.tier == "quarantine"]
     with transaction.atomic():
-        take_down(images, keep_private_copy=False)
-        job.delete()
-    for key in private_keys:
-        if not GeneratedImage.objects.filter(storage_key=key, tier="quarantine").exists():
-            delete_quietly(key, quarantine_storage())
+        if not GenerationJob.objects.filter(id=job.id, deleted_at=None).update(deleted_at=timezone.now()):
+            return  # deleted already
+        take_down([im for im in job.images.all() if im.tier == "public"], keep_private_copy=False)
+
+
+def purge_deleted(older_than_days: float, limit: int = 500) -> int:
+    """Retention: jobs deleted longer ago than the safety record's retention, whose appeal (if
+    any) is decided, go for good with their rows and private bytes. Returns how many."""
+    from jobs.models import JobStatus
+
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    due = (GenerationJob.objects.filter(deleted_at__lt=cutoff)
+           .exclude(status=JobStatus.BLOCKED, appealed_at__isnull=False, appeal_outcome="")[:limit])
+    purged = 0
+    for job in due:
+        keys = [im.storage_key for im in job.images.all() if im.tier == "quarantine"]
+        with transaction.atomic():
+            if not GenerationJob.objects.filter(id=job.id, deleted_at__lt=cutoff).delete()[0]:
+                continue
+        purged += 1
+        for key in keys:
+            if not GeneratedImage.objects.filter(storage_key=key).exists():
+                delete_quietly(key, quarantine_storage())
+    return purged

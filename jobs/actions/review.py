@@ -59,11 +59,14 @@ def _publish_images(job: GenerationJob) -> None:
 def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
     """Held prompt -> generation continues; held images -> delivered; appeal -> overturned."""
     appeal = job.status == JobStatus.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
-    stage = job.blocked_stage
+    # Images exist when the gate held or blocked them (stage image) or a moderator took a
+    # delivered image down (stage human): approving publishes them; otherwise the prompt was
+    # held or blocked and the job goes back to the queue to be generated.
+    has_images = job.images.filter(tier="quarantine").exists()
     with transaction.atomic():
         if job.status == JobStatus.REVIEW or appeal:
             source = JobStatus.BLOCKED if appeal else JobStatus.REVIEW
-            if stage == "image":
+            if has_images and job.blocked_stage in ("image", "human"):
                 updated = GenerationJob.objects.filter(id=job.id, status=source).update(
                     status=JobStatus.DONE, finished_at=timezone.now(), reason="", blocked_stage="",
                     appeal_outcome="overturned" if appeal else job.appeal_outcome,
