@@ -327,7 +327,9 @@ class Runner:
         if not live:
             actions.close_empty(batch.id)
             return
-        futures = [(row, self._encoders.submit(self._write_one, row, image, batch.id, attempts)) for row, image in live]
+        by_id = {str(job.id): job for job in item.claimed.jobs}
+        futures = [(row, self._encoders.submit(self._write_one, row, image, batch.id, attempts, by_id[row.job_id]))
+                   for row, image in live]
         concurrent.futures.wait([f for _, f in futures])
         failed = {row.job_id: f.exception() for row, f in futures if f.exception() is not None}
         for row, f in futures:  # a job with a failed image delivers none: never leave its other objects behind
@@ -348,8 +350,10 @@ class Runner:
         if held:
             send_stage("classify", self.lane, str(batch.id))
 
-    def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int]) -> actions.Written:
-        encoded = encoding.encode(image)
+    def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
+        # Encoded once, in the job's format, with its parameters in the file (jobs/encoding.py).
+        encoded = encoding.encode(image, job.output_format, job.output_compression,
+                                  encoding.ImageParameters.of(job, row.seed))
         backoff = settings.IMAGEGEN_UPLOAD_BACKOFF
         while True:
             try:

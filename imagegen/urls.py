@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health
 from imagegen.metrics_view import metrics_view
-from jobs import delete_views, openai_api, regenerate, sse, staff_views, views, web
+from jobs import delete_views, openai_api, openai_compat, regenerate, sse, staff_views, views, web
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -20,12 +20,13 @@ urlpatterns = [
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
     path("api/v1/images/<uuid:image_id>", regenerate.ImageDetail.as_view(), name="image-detail"),
     path("staff/images/<uuid:image_id>", staff_views.staff_image, name="staff-image"),
-    re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.png)$", views.serve_image, name="image"),
+    re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.[a-z]{3,4})$", views.serve_image, name="image"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("v1/images/generations", openai_api.ImageGenerations.as_view(), name="openai-images-generations"),
     path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
     path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
+    re_path(r"^v1/(?P<path>.*)$", openai_compat.unknown_route, name="openai-unknown"),  # JSON 404s, never HTML
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", web.index, name="index"),

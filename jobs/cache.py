@@ -9,10 +9,14 @@ classifier, or by none, is never served. Value: the id of a stored image. An ent
 only while its image is delivered (public tier, job done, an allow verdict by that gate) and its
 bytes exist; anything else is a miss and the entry is dropped. Unchecked images (classifier
 `none`) never enter the cache.
+
+The output format is not in the key (the pixels do not depend on it): a hit stored in another
+format is converted (`in_format`), not generated again.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -105,3 +109,31 @@ def remember(job) -> None:
 def stats() -> dict:
     hits, misses = get_redis().mget([HITS_KEY, MISSES_KEY])
     return {"hits": int(hits or 0), "misses": int(misses or 0)}
+
+
+def in_format(job, cached: dict[int, object]) -> dict[int, object]:
+    """The hits, each in the job's output format: one stored in another format is decoded and
+    encoded again with this job's parameters, written to quarantine and published (its pixels
+    were judged already: they are the cached image's). The copy names its source (source_key),
+    so a moderator's take-down of either reaches both. Same format: shared as it is."""
+    from jobs import encoding
+    from jobs.storage import public_storage, publish_object, store_quarantined
+
+    out: dict[int, object] = {}
+    for index, image in cached.items():
+        key = image.storage_key  # type: ignore[attr-defined]
+        if encoding.format_of_key(key) == job.output_format:
+            out[index] = image
+            continue
+        with public_storage().open(key, "rb") as fh:
+            data = fh.read()
+        parameters = encoding.ImageParameters.of(job, int(job.seed) + index)
+        encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
+        stored = store_quarantined(encoded.data, encoded.extension)
+        publish_object(stored.key)
+        converted = copy.copy(image)
+        converted.storage_key, converted.byte_size, converted.sha256 = stored.key, stored.byte_size, stored.sha256  # type: ignore[attr-defined]
+        converted.content_type = encoded.content_type  # type: ignore[attr-defined]
+        converted.source_key = image.source_key or key  # type: ignore[attr-defined]
+        out[index] = converted
+    return out

@@ -17,6 +17,12 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class OutputFormat(models.TextChoices):
+    PNG = "png"
+    JPEG = "jpeg"
+    WEBP = "webp"
+
+
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
@@ -84,6 +90,12 @@ class GenerationJob(models.Model):
     count = models.PositiveSmallIntegerField(default=1)
     model_version = models.CharField(max_length=100)
     scheduler = models.CharField(max_length=60, blank=True, default="")
+    # The image files: encoded once, at the GPU worker's hand-off (jobs/encoding.py).
+    output_format = models.CharField(max_length=8, choices=OutputFormat.choices, default=OutputFormat.PNG)
+    output_compression = models.PositiveSmallIntegerField(null=True, blank=True, help_text="jpeg/webp quality 0-100")
+    # A regeneration of a dropped image names the job it regenerates: its files carry that job's
+    # id, so they come out byte for byte the same (jobs/regenerate.py compares sha256).
+    regenerates = models.UUIDField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     reason = models.TextField(blank=True, default="")
     blocked_stage = models.CharField(max_length=16, blank=True, default="")
@@ -147,6 +159,9 @@ class GeneratedImage(models.Model):
     # Not unique: a request-hash cache hit shares the stored object of an identical earlier
     # request; bytes are deleted only when no row points at them any more.
     storage_key = models.CharField(max_length=300, db_index=True)
+    # A cache hit converted to another output format: the key of the object whose pixels it has
+    # (a moderator's take-down of either reaches the other). Empty for an original.
+    source_key = models.CharField(max_length=300, blank=True, default="", db_index=True)
     width = models.PositiveIntegerField()
     height = models.PositiveIntegerField()
     byte_size = models.PositiveIntegerField()

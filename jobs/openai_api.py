@@ -9,7 +9,7 @@ native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, para
 | ------------------------------------------- | ------ | --------------------------------------------- |
 | invalid field (size not on the menu, n, ...) | 400    | invalid_request_error / invalid_value, param  |
 | unknown model                               | 400    | invalid_request_error / model_not_found       |
-| prompt or image blocked by the policy       | 400    | invalid_request_error / content_policy_violation |
+| prompt or image blocked by the policy       | 400    | invalid_request_error / moderation_blocked (+ moderation_details) |
 | held for a moderator (review)               | 400    | invalid_request_error / content_policy_review (job id in message) |
 | missing or wrong key                        | 401    | authentication_error / invalid_api_key        |
 | cancelled meanwhile (native cancel)         | 409    | invalid_request_error / job_cancelled         |
@@ -36,6 +36,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from jobs import openai_compat, openai_stream
 from jobs.api_errors import exception_handler as native_exception_handler
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.schema import ImagesResponseSerializer, ModelListSerializer, ModelSerializer
@@ -65,8 +66,10 @@ class BearerTokenAuthentication(TokenAuthentication):
 class OpenAIError(exceptions.APIException):
     """An error answered as-is in the OpenAI shape."""
 
-    def __init__(self, status_code: int, message: str, type_: str = "invalid_request_error", param=None, code=None, headers=None):
+    def __init__(self, status_code: int, message: str, type_: str = "invalid_request_error", param=None, code=None, headers=None,
+                 extra: dict | None = None):
         super().__init__(message)
+        self.extra = extra or {}
         self.status_code = status_code
         self.message = message
         self.type = type_
@@ -75,8 +78,8 @@ class OpenAIError(exceptions.APIException):
         self.headers = headers or {}
 
 
-def error_body(message: str, type_: str, param=None, code=None) -> dict:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+def error_body(message: str, type_: str, param=None, code=None, extra: dict | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code, **(extra or {})}}
 
 
 # Field names of the native serializer -> the OpenAI request's parameter names.
@@ -113,7 +116,7 @@ def _first_message(data) -> tuple[str | None, str]:
 def openai_exception_handler(exc, context):
     """DRF's (and the native API's) exception handling, answered in the OpenAI shape."""
     if isinstance(exc, OpenAIError):
-        return Response(error_body(exc.message, exc.type, exc.param, exc.code), status=exc.status_code, headers=exc.headers)
+        return Response(error_body(exc.message, exc.type, exc.param, exc.code, exc.extra), status=exc.status_code, headers=exc.headers)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -191,7 +194,7 @@ def _size_choices() -> list[str]:
     return [f"{w}x{h}" for w, h in settings.IMAGEGEN_SIZE_MENU]
 
 
-class ImageGenerationSerializer(serializers.Serializer):
+class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
     prompt = serializers.CharField(max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, help_text="What to draw.")
     n = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1,
@@ -242,7 +245,8 @@ class ImageGenerationSerializer(serializers.Serializer):
 def _native_data(attrs: dict) -> dict:
     """The OpenAI request as the native API's validated job data (same validation as POST /api/v1/jobs)."""
     width, height = (int(v) for v in attrs["size"].split("x"))
-    native = JobCreateSerializer(data={"prompt": attrs["prompt"], "width": width, "height": height, "count": attrs["n"]})
+    native = JobCreateSerializer(data={"prompt": attrs["prompt"], "width": width, "height": height, "count": attrs["n"],
+                                       **openai_compat.native_fields(attrs)})
     if not native.is_valid():
         param, message = _first_message(native.errors)
         raise OpenAIError(400, message, param=param, code="invalid_value")
@@ -286,9 +290,13 @@ class ImageGenerations(OpenAICompatibleView):
         summary="Create images (OpenAI Images API shape)",
         description=(
             "Submits a normal job (same safety gates, batching and cache as `POST /api/v1/jobs`) and waits "
-            "for it, at most IMAGEGEN_OPENAI_WAIT_SECONDS (default 120). Steps and guidance are the server's "
-            "defaults. Other OpenAI parameters (quality, style, ...) are ignored.\n\n"
-            "Errors: 400 `content_policy_violation` (blocked prompt or image), 400 `content_policy_review` "
+            "for it, at most IMAGEGEN_OPENAI_WAIT_SECONDS (default 120). `quality` picks the steps (low 8, "
+            "medium 20, high 40, auto the server default); guidance is the server's default; `output_format` "
+            "png/jpeg/webp with `output_compression`; `stream: true` (with `partial_images` 0-3) answers "
+            "`text/event-stream` with `image_generation.partial_image` and `image_generation.completed` events "
+            "(docs/api.md). Other OpenAI parameters (style, ...) are ignored.\n\n"
+            "Errors: 400 `moderation_blocked` with `moderation_details` {stage: input|output, categories} "
+            "(blocked prompt or image), 400 `content_policy_review` "
             "(held for a moderator; the job id is in the message), 400 `invalid_value` with `param` (e.g. size), "
             "400 `model_not_found`, 401 `invalid_api_key`, 409 `job_cancelled`, 429 `rate_limit_exceeded`, "
             "500 `generation_failed`, 503 `service_unavailable`, 504 `timeout` (the job keeps running; its id "
@@ -325,19 +333,23 @@ class ImageGenerations(OpenAICompatibleView):
             "openai-compatible generation: job %s for user %s (client-supplied user field %r)",
             job.id, request.user.pk, attrs.get("user"),
         )
+        if attrs.get("stream"):
+            return openai_stream.stream(request, job, attrs)
         job = _wait_for(job, settings.IMAGEGEN_OPENAI_WAIT_SECONDS)
         if job is None:
             raise OpenAIError(404, "The job was deleted while waiting.", code="not_found")
         if job.status == JobStatus.DONE:
             created = int(job.created_at.timestamp())
-            return Response({"created": created, "data": _image_items(request, job, attrs["response_format"])})
+            return Response({"created": created, "data": _image_items(request, job, attrs["response_format"]),
+                             **openai_compat.response_fields(job)})
         if job.status == JobStatus.BLOCKED:
             raise OpenAIError(
                 400,
                 f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
                 f"(job {job.id}; an appeal is possible through the native API).",
                 param="prompt" if job.blocked_stage == "prompt" else None,
-                code="content_policy_violation",
+                code="moderation_blocked",
+                extra={"moderation_details": openai_compat.moderation_details(job)},
             )
         if job.status == JobStatus.REVIEW:
             raise OpenAIError(

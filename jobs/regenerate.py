@@ -55,6 +55,10 @@ def regeneration_request(image: GeneratedImage) -> dict:
         "seed": image.seed,
         "count": 1,
         "allow_degrade": False,  # fewer steps would give other pixels
+        # The same file: same format, and the files name the original job (jobs/encoding.py).
+        "output_format": job.output_format,
+        "output_compression": job.output_compression,
+        "regenerates": job.regenerates or job.id,
     }
 
 

@@ -73,10 +73,20 @@ OPENAI_ERROR_SCHEMA = {
                     "type": "string",
                     "nullable": True,
                     "description": (
-                        "content_policy_violation, content_policy_review, invalid_value, model_not_found, "
+                        "moderation_blocked, content_policy_review, invalid_value, model_not_found, "
                         "invalid_api_key, rate_limit_exceeded, generation_failed, job_cancelled, timeout, "
-                        "service_unavailable, ..."
+                        "service_unavailable, unknown_url, ..."
                     ),
+                },
+                "moderation_details": {
+                    "type": "object",
+                    "description": "With moderation_blocked: where the request was stopped and why.",
+                    "properties": {
+                        "stage": {"type": "string", "enum": ["input", "output"],
+                                  "description": "input: the prompt; output: a generated image."},
+                        "categories": {"type": "array", "items": {"type": "string"},
+                                       "description": "The safety policy's categories that stopped it."},
+                    },
                 },
             },
             "required": ["message", "type", "param", "code"],
@@ -85,10 +95,11 @@ OPENAI_ERROR_SCHEMA = {
     "required": ["error"],
     "example": {
         "error": {
-            "message": "The prompt was blocked by the content policy.",
+            "message": "Your request was rejected by the safety system (prompt): ...",
             "type": "invalid_request_error",
             "param": "prompt",
-            "code": "content_policy_violation",
+            "code": "moderation_blocked",
+            "moderation_details": {"stage": "input", "categories": ["violence"]},
         }
     },
 }
@@ -502,13 +513,27 @@ def _plain_operations() -> dict[str, dict]:
                 },
             }
         },
+        "/v1/{path}": {
+            method: {
+                "operationId": f"openai_unknown_{method}",
+                "summary": "Any other path under /v1",
+                "description": "Not a route: 404 in the OpenAI error shape (code `unknown_url`), never an HTML page.",
+                "tags": ["openai-compatible"],
+                "security": [{}],
+                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"404": _json({"$ref": SCHEMA_REF + "OpenAIError"}, "No such route.")},
+            }
+            for method in ("get", "post")
+        },
         "/media/i/{key}": {
             "get": {
                 "operationId": "media_image_retrieve",
                 "summary": "A delivered image",
                 "description": (
-                    "The PNG behind an image `url` (local storage; with S3 the URLs point at the bucket). "
-                    "Immutable: cached for a year. No auth: the key is unguessable."
+                    "The file behind an image `url` (local storage; with S3 the URLs point at the bucket), in the "
+                    "job's output format (png, jpeg, webp; the extension says which, the Content-Type follows it), "
+                    "with the generation parameters inside (docs/api.md, Image files). Immutable: cached for a year. "
+                    "No auth: the key is unguessable."
                 ),
                 "tags": ["images"],
                 "security": [{}],
@@ -517,12 +542,15 @@ def _plain_operations() -> dict[str, dict]:
                         "name": "key",
                         "in": "path",
                         "required": True,
-                        "schema": {"type": "string", "pattern": r"^[0-9a-f]{32}\.png$"},
-                        "description": "32 hex digits and `.png`.",
+                        "schema": {"type": "string", "pattern": r"^[0-9a-f]{32}\.(png|jpeg|webp)$"},
+                        "description": "32 hex digits and `.png`, `.jpeg` or `.webp`.",
                     }
                 ],
                 "responses": {
-                    "200": {"description": "The PNG.", "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}}},
+                    "200": {
+                        "description": "The image.",
+                        "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in ("image/png", "image/jpeg", "image/webp")},
+                    },
                     "404": {"description": "No such image.", "content": {"text/html": {"schema": {"type": "string"}}}},
                     "503": _json(detail, "The database is unavailable.", RETRY_AFTER),
                 },
@@ -547,6 +575,7 @@ def document_plain_views(result, generator, request, public):
         ("PreviewEvent", PREVIEW_EVENT_SCHEMA),
         ("JobEvent", JOB_EVENT_SCHEMA),
         ("ServerSentEvent", SERVER_SENT_EVENT_SCHEMA),
+        ("OpenAIError", OPENAI_ERROR_SCHEMA),
         *((("Readiness", READINESS_SCHEMA),) if "/readyz" in paths else ()),
     ):
         schemas.setdefault(name, schema)

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.urls import reverse
 from rest_framework import serializers
 
-from jobs.models import GenerationJob
+from jobs.models import GenerationJob, OutputFormat
 from jobs.storage import image_url
 
 
@@ -32,6 +32,14 @@ class JobCreateSerializer(serializers.Serializer):
     count = serializers.IntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
     guidance_scale = serializers.FloatField(required=False, min_value=0.0, max_value=30.0)
     allow_degrade = serializers.BooleanField(required=False, default=False)
+    output_format = serializers.ChoiceField(
+        choices=OutputFormat.choices, required=False, default=OutputFormat.PNG,
+        help_text="The image files' format: png (lossless), jpeg or webp.",
+    )
+    output_compression = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=0, max_value=100,
+        help_text="jpeg/webp quality, 0-100 (absent: 100, the best); png ignores it.",
+    )
 
     def validate_prompt(self, value: str) -> str:
         return _no_lone_surrogates(value)
@@ -101,7 +109,8 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
-            "eta_seconds", "queue_position", "appeal", "images", "events_url", "websocket_url",
+            "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
+            "websocket_url",
         ]
         read_only_fields = fields
 

@@ -35,6 +35,9 @@ def submit_job(owner, data: dict) -> GenerationJob:
         seed=seed,
         count=data["count"],
         progress_total=data["steps"],
+        output_format=data.get("output_format") or "png",
+        output_compression=data.get("output_compression"),
+        regenerates=data.get("regenerates"),
     )
     job.model_version = lanes.pick_version(job.id)
     cached = cache.lookup(job)
@@ -50,6 +53,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
             metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
             cached = cache.lookup(job)
+    cached = cache.in_format(job, cached)  # a hit stored in another format is converted, not made again
     with transaction.atomic():
         if len(cached) == job.count:
             actions.finish_from_cache(job, cached)

@@ -186,7 +186,9 @@ def serve_image(request, key: str):
     from jobs.retention import count_view
 
     count_view(storage_key)
-    response = FileResponse(storage.open(storage_key, "rb"), content_type="image/png")
+    from jobs.encoding import FORMATS, format_of_key
+
+    response = FileResponse(storage.open(storage_key, "rb"), content_type=FORMATS.get(format_of_key(key), ("application/octet-stream",))[0])
     from django.conf import settings
 
     response["Cache-Control"] = settings.IMAGE_CACHE_CONTROL

@@ -52,8 +52,9 @@ def test_generate_url_and_b64_json_models_and_errors(oai, daphne_server):  # noq
     with pytest.raises(openai.BadRequestError) as blocked:
         oai.images.generate(prompt="a yellow star", size="64x64")
     assert blocked.value.status_code == 400
-    assert blocked.value.code == "content_policy_violation"
+    assert blocked.value.code == "moderation_blocked"
     assert blocked.value.body["type"] == "invalid_request_error"
+    assert blocked.value.body["moderation_details"]["stage"] == "input"
 
     with pytest.raises(openai.BadRequestError) as bad_size:
         oai.images.generate(prompt=PROMPT, size="1024x1024")
@@ -130,7 +131,7 @@ def _finish_as(status: str, reason: str = "", blocked_stage: str = ""):
         ("failed", "generation_failed", 500, "server_error"),
         ("review", "content_policy_review", 400, "invalid_request_error"),
         ("cancelled", "job_cancelled", 409, "invalid_request_error"),
-        ("blocked", "content_policy_violation", 400, "invalid_request_error"),
+        ("blocked", "moderation_blocked", 400, "invalid_request_error"),
     ],
 )
 def test_outcomes_map_to_openai_errors(carol_bearer, status, code, http, error_code):
@@ -140,7 +141,7 @@ def test_outcomes_map_to_openai_errors(carol_bearer, status, code, http, error_c
     assert response.status_code == http
     error = response.json()["error"]
     assert error["code"] == code and error["type"] == error_code
-    assert set(error) == {"message", "type", "param", "code"}
+    assert set(error) == {"message", "type", "param", "code"} | ({"moderation_details"} if status == "blocked" else set())
 
 
 @pytest.mark.django_db

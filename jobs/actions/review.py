@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from jobs.actions.images import take_down
@@ -118,7 +119,9 @@ def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
     """An image already delivered is taken down everywhere it is shared, and each job that
     showed it goes done -> blocked (a compare-and-set: a job deleted or blocked meanwhile is left)."""
     with transaction.atomic():
-        sharing = list(GeneratedImage.objects.select_related("job").filter(storage_key=image.storage_key, tier="public"))
+        root = image.source_key or image.storage_key  # converted copies (other formats) share the pixels
+        sharing = list(GeneratedImage.objects.select_related("job").filter(
+            Q(storage_key=root) | Q(source_key=root), tier="public"))
         count = take_down(sharing)
         for other in sharing:
             _verdict(other.job, "block", reviewer, notes, "image rejected by a moderator after delivery", image=other)
