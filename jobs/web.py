@@ -17,5 +17,8 @@ def index(request):
             "min_steps": settings.IMAGEGEN_MIN_STEPS,
             "default_steps": settings.IMAGEGEN_DEFAULT_STEPS,
             "max_count": settings.IMAGEGEN_MAX_COUNT,
+            "default_guidance": settings.IMAGEGEN_DEFAULT_GUIDANCE,
+            "max_prompt_chars": settings.IMAGEGEN_MAX_PROMPT_CHARS,
+            "output_formats": ["png", "jpeg", "webp"],
         },
     )

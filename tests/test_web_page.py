@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import usable_password
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -54,7 +56,7 @@ def test_sign_in_submit_watch_the_preview_and_see_the_final_image(workers, daphn
     assert page.get_by_role("alert").is_visible()
     page.screenshot(path=str(ARTIFACTS / "login_page.png"))
     page.get_by_label("Username").fill("alice")
-    page.get_by_label("Password").fill("alice-pw")
+    page.get_by_label("Password").fill(usable_password(alice))
     page.get_by_role("button", name="Sign in").click()
     page.wait_for_url(server.url + "/")
     assert page.get_by_text("Signed in as").is_visible()
@@ -62,7 +64,7 @@ def test_sign_in_submit_watch_the_preview_and_see_the_final_image(workers, daphn
 
     # Markup in the prompt must stay text.
     prompt = 'a red circle <img src=x onerror="window.pwned=1"> & "quotes"'
-    page.get_by_label("Prompt").fill(prompt)
+    page.get_by_label("Prompt", exact=True).fill(prompt)
     page.get_by_label("Size").select_option("96x96")
     page.get_by_label("Steps").fill("48")
     page.get_by_label("Seed").fill("11")

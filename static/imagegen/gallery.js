@@ -1,0 +1,114 @@
+// imagegen page: the gallery. Every image of every job, newest first, paged by the API's
+// cursor links; per image the seed and a full-size download; per job "reuse settings" and delete.
+(function () {
+  "use strict";
+  const { $, api, el, safeSrc, samePath, show, downloadName } = window.imagegen;
+
+  const PAGE_SIZE = 12;
+  const FIRST = `/api/v1/jobs?page_size=${PAGE_SIZE}`;
+  const gallery = { url: FIRST, page: 1, next: "", previous: "", loading: null };
+
+  function meta(job) {
+    const when = new Date(job.created_at);
+    const parts = [`${job.width}×${job.height}`, `${job.steps} steps`];
+    if (job.count > 1) parts.push(`${job.count} images`);
+    if (job.output_format && job.output_format !== "png") parts.push(job.output_format.toUpperCase());
+    parts.push(when.toLocaleString());
+    return parts.join(" · ");
+  }
+
+  function tile(job) {
+    const item = el("li", { class: "tile", "data-job": job.id });
+    const images = (job.images || []).filter((image) => safeSrc(image.url));
+    const thumbs = el("button", {
+      type: "button", class: `thumbs n${Math.min(images.length, 4)}`, "aria-label": `Show job: ${job.prompt}`,
+    });
+    if (images.length) {
+      for (const image of images) {
+        thumbs.appendChild(el("img", {
+          src: safeSrc(image.url), alt: `${job.prompt} (seed ${image.seed})`, loading: "lazy",
+          width: String(image.width), height: String(image.height),
+        }));
+      }
+    } else {
+      thumbs.textContent = job.status === "running" ? `running ${job.progress.step}/${job.progress.total}` : job.status;
+    }
+    thumbs.addEventListener("click", () => {
+      window.imagegen.current.watch(job);
+      $("current").scrollIntoView({ behavior: "smooth", block: "nearest" });
+    });
+    item.appendChild(thumbs);
+
+    const info = el("div", { class: "meta" });
+    const badge = el("span", { class: "badge" }, job.status);
+    badge.dataset.status = job.status;
+    info.appendChild(badge);
+    info.appendChild(el("p", { title: job.prompt, class: "tile-prompt" }, job.prompt));
+    if (job.reason && job.status !== "done") info.appendChild(el("p", { class: "tile-reason" }, job.reason));
+    info.appendChild(el("small", {}, meta(job)));
+    if (images.length) {
+      const files = el("ul", { class: "files" });
+      for (const image of images) {
+        const row = el("li");
+        row.appendChild(el("span", { class: "seed" }, `seed ${image.seed}`));
+        row.appendChild(document.createTextNode(" "));
+        row.appendChild(el("a", { href: safeSrc(image.url), download: downloadName(job, image), class: "download" },
+          images.length > 1 ? `Download #${image.index + 1}` : "Download"));
+        files.appendChild(row);
+      }
+      info.appendChild(files);
+    } else {
+      info.appendChild(el("small", { class: "seed" }, `seed ${job.seed}`));
+    }
+    const actions = el("div", { class: "tile-actions" });
+    const reuse = el("button", { type: "button", class: "link reuse" }, "Reuse settings");
+    reuse.addEventListener("click", () => window.imagegen.form.reuse(job));
+    const remove = el("button", { type: "button", class: "link delete" }, "Delete");
+    remove.addEventListener("click", () => deleteJob(job, remove));
+    actions.appendChild(reuse);
+    actions.appendChild(remove);
+    info.appendChild(actions);
+    item.appendChild(info);
+    return item;
+  }
+
+  async function deleteJob(job, button) {
+    if (!window.confirm(`Delete this job and its ${job.count > 1 ? job.count + " images" : "image"}? This cannot be undone.`)) return;
+    button.disabled = true;
+    const { response } = await api("DELETE", `/api/v1/jobs/${job.id}`);
+    if (response.status === 204 || response.status === 404) {
+      const current = window.imagegen.current.job;
+      if (current && current.id === job.id) show($("current"), false);
+      load();
+    } else {
+      button.disabled = false;
+    }
+  }
+
+  async function load(url) {
+    if (url !== undefined) gallery.url = url;
+    const wanted = gallery.url;
+    const { response, data } = await api("GET", wanted);
+    if (!response.ok || !data || wanted !== gallery.url) return;
+    const jobs = data.results || [];
+    if (!jobs.length && gallery.page > 1) { gallery.page = 1; return load(FIRST); }
+    $("gallery").replaceChildren(...jobs.map(tile));
+    show($("gallery-empty"), jobs.length === 0);
+    gallery.next = samePath(data.next);
+    gallery.previous = samePath(data.previous);
+    show($("older"), Boolean(gallery.next));
+    show($("newer"), Boolean(gallery.previous));
+    $("page-label").textContent = gallery.next || gallery.previous ? `Page ${gallery.page}` : "";
+  }
+
+  function init() {
+    $("refresh").addEventListener("click", () => load());
+    $("older").addEventListener("click", () => { if (gallery.next) { gallery.page += 1; load(gallery.next); } });
+    $("newer").addEventListener("click", () => {
+      if (gallery.previous) { gallery.page = Math.max(1, gallery.page - 1); load(gallery.page === 1 ? FIRST : gallery.previous); }
+    });
+    load();
+  }
+
+  window.imagegen.gallery = { init, load: () => load() };
+})();
