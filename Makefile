@@ -1,20 +1,34 @@
 # The two commands: `make run` (the service) and `make test` (the suite).
-# Both create .venv if missing and install requirements (torch pinned to the CPU wheel).
+# Both create .venv if missing. `make run` installs only what running needs (requirements.txt,
+# torch pinned to the CPU wheel); `make test` (and `make install`, which CI uses before its
+# quality gates) adds the test and lint packages (requirements-dev.txt).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
 PORT ?= 8000
+VERBOSE ?=
 
-.PHONY: run test install bench clean
+.PHONY: run test install install-run bench clean
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed-run: requirements.txt
+	@echo "==> $(VENV): the packages the service needs (requirements.txt)."
+	@echo "    The first time this downloads torch (CPU), diffusers and transformers: several minutes."
 	@scripts/ensure_venv.sh $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
-	touch $@
+	$(PIP) -r requirements.txt
+	@touch $@
+	@echo "==> installed."
+
+$(VENV)/.installed: $(VENV)/.installed-run requirements-dev.txt
+	@echo "==> $(VENV): test and quality-gate packages (requirements-dev.txt)"
+	$(PIP) -r requirements-dev.txt
+	@touch $@
+
+install-run: $(VENV)/.installed-run
 
 install: $(VENV)/.installed
 
-run: install
-	PORT=$(PORT) $(PY) scripts/run.py
+run: install-run
+	PORT=$(PORT) $(PY) scripts/run.py $(if $(VERBOSE),--verbose,)
 
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)

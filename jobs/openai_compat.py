@@ -29,7 +29,7 @@ MAX_PARTIAL_IMAGES = 3
 
 
 def steps_for(quality: str | None) -> int:
-    if quality in (None, "", "auto"):
+    if quality is None or quality in ("", "auto"):
         return settings.IMAGEGEN_DEFAULT_STEPS
     return max(settings.IMAGEGEN_MIN_STEPS, min(settings.IMAGEGEN_MAX_STEPS, QUALITY_STEPS[quality]))
 

@@ -121,7 +121,7 @@ def _delivered_files(job_id: str) -> list[bytes]:
 
     close_old_connections()
     out = []
-    for image in GeneratedImage.objects.filter(job_id=job_id, tier="public").order_by("index"):
+    for image in GeneratedImage.objects.filter(job__id=job_id, tier="public").order_by("index"):
         with public_storage().open(image.storage_key, "rb") as fh:
             out.append(fh.read())
     return out

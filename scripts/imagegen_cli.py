@@ -84,7 +84,7 @@ class Client:
 
     def fetch(self, url: str) -> bytes:
         # Image URLs are public and immutable: no token (and none leaks to a bucket's host).
-        with self._request("GET", url, auth=False, accept="image/png") as response:
+        with self._request("GET", url, auth=False, accept="image/*") as response:
             return response.read()
 
 
@@ -168,7 +168,8 @@ def cmd_download(client: Client, args) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     for image in job["images"]:
-        path = out / f"{job['id']}-{image['index']}.png"
+        extension = image["url"].rsplit(".", 1)[-1] if "." in image["url"].rsplit("/", 1)[-1] else "png"  # png, jpeg, webp
+        path = out / f"{job['id']}-{image['index']}.{extension}"
         path.write_bytes(client.fetch(image["url"]))
         print(path)
     return 0

@@ -1,18 +1,27 @@
 """`make run`: the whole service on one machine, supervised.
 
 Migrates, starts a private Redis when REDIS_URL is unset (never on 6379), the ASGI web server,
-a cpu/io Celery worker with the periodic reaper, and one GPU worker; restarts any that dies;
-prints the URL and a demo token; Ctrl-C (or SIGTERM) stops everything it started.
+a cpu/io Celery worker with the periodic reaper, and one GPU worker; restarts any that dies.
+Once /readyz answers 200 it prints one block: the URL, the demo and moderator sign-ins, an API
+token and a curl to try (also written to var/run-info.txt). Until then it says what it is
+waiting for. Worker banners and routine logs go to var/logs/<process>.log (`--verbose`, or
+`make run VERBOSE=1`, shows them here too). Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -20,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 from scripts.procs import stop_group  # noqa: E402
 
 PY = sys.executable
+READY_POLL_SECONDS = 0.5
+WAITING_NOTE_EVERY = 15.0  # seconds between "still waiting for ..." lines
+LOG_TAIL_LINES = 12
 
 
 def log(msg: str) -> None:
@@ -27,44 +39,128 @@ def log(msg: str) -> None:
 
 
 def manage(*args: str, env: dict) -> str:
-    out = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, check=True, capture_output=True, text=True)
+    out = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        log(f"manage.py {' '.join(args)} failed:\n{out.stdout[-2000:]}{out.stderr[-4000:]}")
+        raise SystemExit(out.returncode)
     return out.stdout
 
 
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join("    " + line for line in text[-lines:])
+
+
 class Child:
-    def __init__(self, name: str, cmd: list[str], env: dict):
+    """One supervised process; its output goes to var/logs/<name>.log (and, verbose, here)."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log_dir: Path | None = None, verbose: bool = False):
         self.name, self.cmd, self.env = name, cmd, env
+        self.log_path = (log_dir or ROOT / "var" / "logs") / f"{name}.log"
+        self.verbose = verbose
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.started_at = 0.0
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, start_new_session=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logfile = open(self.log_path, "ab")
+        stdout: int | IO[bytes] = subprocess.PIPE if self.verbose else logfile
+        self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
+                                     stdout=stdout, stderr=subprocess.STDOUT)
+        if self.verbose:
+            threading.Thread(target=self._tee, args=(self.proc, logfile), daemon=True).start()
+        else:
+            logfile.close()  # the child holds its own descriptor
         self.started_at = time.monotonic()
-        log(f"started {self.name} (pid {self.proc.pid})")
 
-    def check(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            code = self.proc.returncode
-            # Back off when a child dies right after starting, so a broken config does not spin.
-            delay = 5.0 if time.monotonic() - self.started_at < 5 else 0.5
-            log(f"{self.name} exited with {code}; restarting in {delay:g}s")
-            time.sleep(delay)
-            self.restarts += 1
-            self.start()
+    def _tee(self, proc: subprocess.Popen, logfile) -> None:
+        assert proc.stdout is not None
+        for line in iter(proc.stdout.readline, b""):
+            logfile.write(line)
+            logfile.flush()
+            sys.stdout.write(f"{self.name:>10} | {line.decode(errors='replace')}")
+            sys.stdout.flush()
+        logfile.close()
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def restart(self) -> None:
+        code = self.exited()
+        # Back off when a child dies right after starting, so a broken config does not spin.
+        delay = 5.0 if time.monotonic() - self.started_at < 5 else 0.5
+        last = tail(self.log_path)
+        log(f"{self.name} exited with {code}; restarting in {delay:g}s. Last lines of {self.log_path}:\n{last}")
+        time.sleep(delay)
+        self.restarts += 1
+        self.start()
 
     def stop(self) -> None:
         if self.proc is not None:
             stop_group(self.proc, 20)
 
 
-def main() -> int:
+def readiness(url: str) -> tuple[int, list[str]]:
+    """(HTTP status, failing parts) of /readyz; (0, [why]) while it does not answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, []
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read() or b"{}")
+            return exc.code, [f"{part}: {body['checks'][part]}" for part in body.get("failing", [])]
+        except (ValueError, KeyError):
+            return exc.code, []
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, [f"the web server is not answering yet ({getattr(exc, 'reason', exc)})"]
+
+
+def _shown(path: Path) -> str:
+    """A path as a newcomer reads it: relative to the checkout when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def info_block(port: str, token: str, var: Path, verbose: bool) -> str:
+    base = f"http://127.0.0.1:{port}"
+    rule = "─" * 78
+    logs = f"{_shown(var / 'logs')}/" + ("  (shown here too: --verbose)" if verbose else "  (make run VERBOSE=1 shows them here)")
+    return "\n".join([
+        rule,
+        f"  imagegen is ready at {base}/",
+        "",
+        "  web page      sign in as  demo / demo",
+        f"  moderator     sign in as  moderator / moderator   (review queue: {base}/admin/)",
+        f"  API token     {token}",
+        "  try it        curl -s -H \"Authorization: Token " + token + "\" -H \"Content-Type: application/json\" \\",
+        f"                     -d '{{\"prompt\": \"a red circle on a blue background\"}}' {base}/api/v1/jobs",
+        f"  API docs      {base}/api/docs/",
+        f"  logs          {logs}",
+        "",
+        "  Ctrl-C stops everything.",
+        rule,
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run imagegen on this machine (web, workers, a private Redis).")
+    parser.add_argument("--verbose", action="store_true", help="show the workers' and the web server's logs here too")
+    args = parser.parse_args(argv)
+
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "imagegen.settings")
     env["PYTHONUNBUFFERED"] = "1"
     port = env.get("PORT", "8000")
     var = Path(env.get("IMAGEGEN_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
+    log_dir = var / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
 
     stopping = False
 
@@ -76,15 +172,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     redis_proc = None
-    if not env.get("REDIS_URL"):
-        from scripts.private_redis import start as start_redis
-
-        redis_proc, url = start_redis(var / "redis")
-        env["REDIS_URL"] = url
-        log(f"private Redis at {url}")
-
     children: list[Child] = []
     try:
+        if not env.get("REDIS_URL"):
+            from scripts.private_redis import start as start_redis
+
+            redis_proc, url = start_redis(var / "redis")
+            env["REDIS_URL"] = url
+            log(f"started a private Redis at {url}")
 
         model_path = Path(env.get("IMAGEGEN_MODEL_PATH", ""))
         shipped = ROOT / "models" / "shapes-v1" / "model_index.json"
@@ -99,9 +194,11 @@ def main() -> int:
             # falls back on its own: an unset or broken classifier setting fails closed.
             env["IMAGEGEN_IMAGE_CLASSIFIER"] = "none"
             log("no shipped image classifier: running with IMAGEGEN_IMAGE_CLASSIFIER=none (verdicts say unchecked)")
+        log("preparing the database and static files…")
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", env=env)
         token = manage("issue_token", "demo", "--password", "demo", env=env).strip().splitlines()[-1]
+        manage("issue_token", "moderator", "--password", "moderator", "--moderator", env=env)
 
         gpu_queue = env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
         classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")
@@ -113,21 +210,41 @@ def main() -> int:
             Child("worker-gpu", celery + ["-Q", gpu_queue, "--pool=solo", "-n", "gpu0@%h"], env),
         ]
         for child in children:
+            child.log_path, child.verbose = log_dir / f"{child.name}.log", args.verbose
             child.start()
-        log(f"imagegen is up at http://127.0.0.1:{port}/  (sign in as demo / demo)")
-        log(f"demo API token: {token}")
-        log(
-            f'try: curl -s -H "Authorization: Token {token}" -H "Content-Type: application/json" '
-            f"-d '{{\"prompt\": \"a red circle on a blue background\"}}' http://127.0.0.1:{port}/api/v1/jobs"
-        )
+        log(f"started {', '.join(f'{c.name} (pid {c.proc.pid})' for c in children if c.proc)}; logs in {_shown(log_dir)}/")
+        log(f"waiting for http://127.0.0.1:{port}/readyz (the GPU worker loads the model first)…")
+
+        ready_url = f"http://127.0.0.1:{port}/readyz"
+        block = info_block(port, token, var, args.verbose)
+        ready = False
+        waiting_since = time.monotonic()
+        next_note = waiting_since + WAITING_NOTE_EVERY
         while not stopping:
             for child in children:
                 if stopping:
                     break
-                child.check()
-            time.sleep(0.5)
+                if child.exited() is not None:
+                    child.restart()
+                    if ready:
+                        log(f"(imagegen stays at http://127.0.0.1:{port}/ — sign-ins and token in {_shown(var / 'run-info.txt')}; Ctrl-C stops)")
+            status, failing = readiness(ready_url)
+            if status == 200 and not ready:
+                ready = True
+                (var / "run-info.txt").write_text(block + "\n")
+                print("\n" + block + "\n", flush=True)
+            elif status != 200 and ready:
+                ready = False
+                waiting_since = time.monotonic()
+                next_note = waiting_since + WAITING_NOTE_EVERY
+                log(f"not ready any more ({'; '.join(failing) or status}); waiting for it to come back…")
+            elif status != 200 and time.monotonic() >= next_note:
+                waited = time.monotonic() - waiting_since
+                log(f"still waiting after {waited:.0f}s: {'; '.join(failing) or f'HTTP {status}'}")
+                next_note = time.monotonic() + WAITING_NOTE_EVERY
+            time.sleep(READY_POLL_SECONDS)
     finally:
-        log("stopping")
+        log("stopping (web, workers, Redis)…")
         for child in reversed(children):
             child.stop()
         if redis_proc is not None:

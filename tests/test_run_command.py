@@ -1,0 +1,144 @@
+"""`make run` as a newcomer sees it: scripts/run.py on a private port and var folder prints its
+one block (URL, sign-ins, token, a curl) only once /readyz answers 200, keeps worker banners
+and periodic logs in var/logs/ (shown with --verbose), and stops everything on Ctrl-C. The
+Makefile installs only runtime packages for `make run`."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.live_server import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_TIMEOUT = 240.0
+
+
+def run_env(tmp_path: Path, port: int, tiny_model: Path) -> dict:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("IMAGEGEN_", "DJANGO_", "REDIS_URL", "DATABASE_URL"))}
+    return {
+        **keep, "PORT": str(port), "IMAGEGEN_VAR_DIR": str(tmp_path / "var"),
+        "IMAGEGEN_MODEL_PATH": str(tiny_model), "IMAGEGEN_MODEL_VERSION": "tiny-random",
+        "IMAGEGEN_IMAGE_CLASSIFIER": "python:tests.fake_classifiers:Scripted",
+        "IMAGEGEN_TORCH_THREADS": "1", "IMAGEGEN_REAPER_INTERVAL": "1",
+    }
+
+
+class Output:
+    """Lines of the child's stdout, each with the /readyz status seen right when it was read."""
+
+    def __init__(self, proc: subprocess.Popen, port: int):
+        self.lines: queue.Queue = queue.Queue()
+        self.seen: list[str] = []
+        self.port = port
+        threading.Thread(target=self._read, args=(proc,), daemon=True).start()
+
+    def _read(self, proc) -> None:
+        for line in iter(proc.stdout.readline, ""):
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def until(self, predicate, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError("run.py exited:\n" + "\n".join(self.seen[-40:]))
+            self.seen.append(line)
+            if predicate(line):
+                return line
+        raise AssertionError(f"not seen within {timeout:.0f}s:\n" + "\n".join(self.seen[-40:]))
+
+
+def readyz(port: int) -> int:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def start(tmp_path, tiny_model, *args):
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "scripts/run.py", *args], cwd=ROOT, env=run_env(tmp_path, port, tiny_model),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return proc, port, Output(proc, port)
+
+
+def stop(proc) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.timeout(420)
+def test_the_block_appears_only_once_ready_and_worker_logs_stay_in_files(tmp_path, tiny_model):
+    proc, port, out = start(tmp_path, tiny_model)
+    try:
+        out.until(lambda line: "waiting for" in line and "/readyz" in line, 120)
+        first = out.until(lambda line: "imagegen is ready at" in line, READY_TIMEOUT)
+        assert readyz(port) == 200, "the block was printed before /readyz answered 200"
+        assert f"http://127.0.0.1:{port}/" in first
+        block = [first]
+        while not block[-1].startswith("─"):
+            block.append(out.until(lambda line: True, 10))
+        text = "\n".join(block)
+        assert "demo / demo" in text and "moderator / moderator" in text
+        token_line = next(line for line in block if "API token" in line)
+        token = token_line.split()[-1]
+        assert len(token) == 40
+        assert f"Authorization: Token {token}" in text and f"http://127.0.0.1:{port}/api/v1/jobs" in text
+        assert "Ctrl-C stops everything." in text
+        before = "\n".join(out.seen[: out.seen.index(first)])
+        assert token not in before, "the token was printed before the service was ready"
+
+        # The token works.
+        mine = httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs", headers={"Authorization": f"Token {token}"}, timeout=10)
+        assert mine.status_code == 200
+        time.sleep(3)  # the reaper logs every second here: none of it may reach the terminal
+        logs = tmp_path / "var" / "logs"
+        assert {p.name for p in logs.iterdir()} >= {"web.log", "worker-cpu.log", "worker-gpu.log"}
+        assert "[tasks]" in (logs / "worker-cpu.log").read_text()  # the banner is there, not on the terminal
+        assert "run-info.txt" in {p.name for p in (tmp_path / "var").iterdir()}
+        everything = "\n".join(out.seen)
+        for banner in ("-------------- ", "[tasks]", "Listening on TCP address", "Sending due task", "succeeded in"):
+            assert banner not in everything, f"{banner!r} reached the terminal"
+
+        proc.send_signal(signal.SIGINT)
+        out.until(lambda line: line.endswith("stopped"), 60)
+        assert proc.wait(timeout=30) == 0
+        assert readyz(port) == 0, "the web server still answers after Ctrl-C"
+    finally:
+        stop(proc)
+
+
+@pytest.mark.timeout(300)
+def test_verbose_shows_the_logs_here_too(tmp_path, tiny_model):
+    proc, port, out = start(tmp_path, tiny_model, "--verbose")
+    try:
+        out.until(lambda line: line.startswith(("worker-cpu |", "worker-gpu |")) and "[tasks]" in line, 120)
+        assert (tmp_path / "var" / "logs" / "worker-gpu.log").exists()
+        proc.send_signal(signal.SIGINT)
+        out.until(lambda line: line.endswith("stopped"), 60)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop(proc)
+
+
+def test_make_run_installs_only_what_running_needs():
+    dry = subprocess.run(["make", "-n", "-B", "run", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+    assert "-r requirements.txt" in dry.stdout and "requirements-dev.txt" not in dry.stdout
+    dry = subprocess.run(["make", "-n", "-B", "install", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True)
+    assert "-r requirements.txt" in dry.stdout and "-r requirements-dev.txt" in dry.stdout  # what CI and `make test` get
