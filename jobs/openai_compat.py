@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from jobs.encoding import OUTPUT_FORMATS
@@ -100,6 +101,7 @@ def moderation_details(job) -> dict:
     return {"stage": stage, "categories": categories}
 
 
+@csrf_exempt  # changes nothing; a POST from an API client carries no CSRF token and must get the JSON 404
 def unknown_route(request, path: str = ""):
     """Any path under /v1 that is not a route: OpenAI's 404 shape, as its own API answers it."""
     return JsonResponse(

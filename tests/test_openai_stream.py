@@ -139,6 +139,8 @@ def test_unknown_routes_under_v1_answer_openai_shaped_json(dave_bearer):
         assert error["type"] == "invalid_request_error" and error["code"] == "unknown_url"
         assert path in error["message"]
     assert APIClient().get("/v1/nothing/here").json()["error"]["code"] == "unknown_url"  # no key: still JSON
+    strict = APIClient(enforce_csrf_checks=True)  # a POST without a CSRF token (any API client's)
+    assert strict.post("/v1/0", {}, format="json").status_code == 404
 
 
 def test_bad_stream_and_format_options_are_400_naming_the_field(dave_bearer):

@@ -110,8 +110,11 @@ def test_field_errors_ctrl_enter_every_image_seed_download_reuse_and_delete(work
     page.get_by_label("Negative prompt").fill("blurry")
     page.get_by_label("Images", exact=True).fill("2")
     page.get_by_label("Format").select_option("webp")
-    page.get_by_label("Steps", exact=True).fill("6")
+    page.get_by_label("Steps", exact=True).fill("40")
     ctrl_enter(page)
+    page.wait_for_function("document.getElementById('preview').dataset.step !== undefined")  # a gated preview
+    if page.locator("#preview-figure").is_visible():
+        screenshot(page, "running")
     page.wait_for_selector("#results figure.result >> nth=1")
     page.wait_for_function("[...document.querySelectorAll('#results img.final')].every(i => i.naturalWidth === 64)")
     assert page.locator("#guidance_scale-error").is_hidden()
@@ -140,7 +143,7 @@ def test_field_errors_ctrl_enter_every_image_seed_download_reuse_and_delete(work
     tile.get_by_role("button", name="Reuse settings").click()
     form = {name: page.input_value(f"#{name}") for name in
             ("prompt", "negative_prompt", "size", "steps", "count", "seed", "guidance_scale", "output_format")}
-    assert form == {"prompt": PROMPT, "negative_prompt": "blurry", "size": "64x64", "steps": "6", "count": "2",
+    assert form == {"prompt": PROMPT, "negative_prompt": "blurry", "size": "64x64", "steps": "40", "count": "2",
                     "seed": "21", "guidance_scale": "4.5", "output_format": "webp"}
     assert page.locator("#reuse-note").is_visible()
 
