@@ -136,6 +136,16 @@ def test_verbose_shows_the_logs_here_too(tmp_path, tiny_model):
         stop(proc)
 
 
+@pytest.mark.django_db
+def test_issue_token_moderator_grants_the_review_permission():
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+
+    call_command("issue_token", "mia", "--password", "pw", "--moderator", stdout=open(os.devnull, "w"))
+    mia = get_user_model().objects.get(username="mia")
+    assert mia.is_staff and mia.has_perm("safety.review_content") and mia.check_password("pw")
+
+
 def test_make_run_installs_only_what_running_needs():
     dry = subprocess.run(["make", "-n", "-B", "run", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True)
     assert dry.returncode == 0, dry.stderr

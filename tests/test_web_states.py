@@ -198,7 +198,12 @@ def test_held_for_review_keeps_listening_and_the_moderators_decision_appears_liv
     screenshot(page, "review")
 
     job = latest_job(alice)
-    time.sleep(1.0)  # the page is only listening now: no reload, no poll (the socket is open)
+    # The page only listens now (no reload, no poll): past the ~5 s in which an idle socket used
+    # to time out, the decision must still arrive on it.
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.wait_for_timeout(6000)
+    assert [url for url in requests if "/api/" in url] == [], "the page polled instead of listening"
     off_the_page_loop(approve, job, moderator, "fine")
     page.wait_for_selector("#results img.final")
     assert page.locator("#current-status").text_content() == "done"
