@@ -72,8 +72,9 @@ class ShapesClassifier:
     def __init__(self, model: ShapesNet, labels: list[str], version: str, input_size: int = 64,
                  device: str = "cpu"):
         self.model = model.to(device).eval()
-        self.labels = list(labels)
+        self.labels = tuple(labels)
         self.version = version
+        self.policy_keys = (version,)  # the policy's image.classifiers[<version>] section, if any
         self.input_size = input_size
         self.device = device
 
