@@ -45,20 +45,23 @@ def multi_hot(label_field: str) -> np.ndarray:
     return y
 
 
-def load_generated(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All chunks of a split on disk: (uint8 N,64,64,3 after preprocessing, multi-hot N,L, groups)."""
-    xs, ys, groups = [], [], []
+def load_generated(root: Path, split: str, native: bool) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """All chunks of a split on disk, per (height, width) as the network will see them:
+    (uint8 N,H,W,3, multi-hot N,L). native=False pads and resizes everything to 64x64 (v1 style)."""
+    pools: dict[tuple[int, int], tuple[list, list]] = {}
     for width, height in SIZES_MENU:
         c = 0
         while chunk_path(root, split, width, height, c).exists():
             part = np.load(chunk_path(root, split, width, height, c))
-            xs += [preprocess(Image.fromarray(im)) for im in part["images"]]
-            ys += [multi_hot(str(lab)) for lab in part["labels"]]
-            groups += [f"{width}x{height}:{g}" for g in part["groups"]]
+            for im, lab in zip(part["images"], part["labels"]):
+                arr = im if native else preprocess(Image.fromarray(im))
+                xs, ys = pools.setdefault(arr.shape[:2], ([], []))
+                xs.append(arr)
+                ys.append(multi_hot(str(lab)))
             c += 1
-    if not xs:
+    if not pools:
         raise SystemExit(f"no {split} chunks under {root}: run training.gen_classifier_data first")
-    return np.stack(xs), np.stack(ys), np.array(groups)
+    return {k: (np.stack(xs), np.stack(ys)) for k, (xs, ys) in pools.items()}
 
 
 def synthetic(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,6 +85,7 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-minutes", type=float, default=60.0)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--native", action="store_true", help="train at each menu size's own resolution (v2)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -90,10 +94,12 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "train_state.pt"
 
-    gx, gy, groups = load_generated(Path(a.data), "train")
-    sx, sy = synthetic(a.synthetic) if a.synthetic else (gx[:0], gy[:0])
-    log(f"generated train images {len(gx)} ({dict(zip(*np.unique([g.split(':')[1] for g in groups], return_counts=True)))}), "
-        f"synthetic {len(sx)}; loaded in {time.time() - started:.0f}s")
+    pools = load_generated(Path(a.data), "train", a.native)
+    sx, sy = synthetic(a.synthetic) if a.synthetic else (None, None)
+    sizes = sorted(pools)
+    counts = np.array([len(pools[k][0]) for k in sizes], float)
+    log(f"generated train images per (h, w): {dict(zip(sizes, counts.astype(int).tolist()))}, "
+        f"synthetic {0 if sx is None else len(sx)}; loaded in {time.time() - started:.0f}s")
 
     model = ShapesNet(len(LABELS), width=a.width)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-4)
@@ -113,16 +119,24 @@ def main(argv=None) -> None:
         log(f"resumed at step {step}")
     log(f"classifier params: {sum(q.numel() for q in model.parameters()):,}")
     t1, first = time.time(), step
-    n_syn = int(round(a.batch * a.synthetic_share)) if len(sx) else 0
     while step < a.steps:
         if time.time() - started > a.max_minutes * 60:
             log(f"stopping at step {step} (--max-minutes); rerun with --resume")
             break
         model.train()
-        gi = rng.integers(len(gx), size=a.batch - n_syn)
-        si = rng.integers(len(sx), size=n_syn) if n_syn else np.zeros(0, int)
-        x = augment(to_input(np.concatenate([gx[gi], sx[si]])), g)
-        y = torch.from_numpy(np.concatenate([gy[gi], sy[si]]))
+        # One size per batch (the network takes any size, a batch needs one); sizes in proportion
+        # to their images; synthetic 64x64 shapes join the 64x64 batches.
+        hw = sizes[rng.choice(len(sizes), p=counts / counts.sum())]
+        px, py = pools[hw]
+        n_syn = int(round(a.batch * a.synthetic_share)) if sx is not None and hw == (64, 64) else 0
+        gi = rng.integers(len(px), size=a.batch - n_syn)
+        if n_syn:
+            si = rng.integers(len(sx), size=n_syn)
+            xb, yb = np.concatenate([px[gi], sx[si]]), np.concatenate([py[gi], sy[si]])
+        else:
+            xb, yb = px[gi], py[gi]
+        x = augment(to_input(xb), g)
+        y = torch.from_numpy(yb)
         loss = F.binary_cross_entropy_with_logits(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -139,14 +153,16 @@ def main(argv=None) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
-    cfg = {"labels": LABELS, "version": VERSION, "input_size": 64, "width": a.width, "multi_label": True,
-           "activation": "sigmoid",
-           "preprocess": "RGB, pad to square with the border colour, bilinear resize to 64x64, x/127.5-1",
+    cfg = {"labels": LABELS, "version": VERSION, "input_size": None if a.native else 64, "width": a.width,
+           "multi_label": True, "activation": "sigmoid",
+           "preprocess": ("RGB at the image's own size (up to 256 px a side), x/127.5-1" if a.native else
+                          "RGB, pad to square with the border colour, bilinear resize to 64x64, x/127.5-1"),
            "trained_on": "models/shapes-v1 outputs (20 steps, guidance 6, every menu size) labelled by prompt; "
                          "'other' = out-of-vocabulary prompts; plus clean synthetic shapes",
            "demo_policy": "thresholds in safety/policy.json image.classifiers['shapes-classifier-v2']"}
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-    info = {"train_steps": step, "train_images_generated": int(len(gx)), "train_images_synthetic": int(len(sx)),
+    info = {"train_steps": step, "train_images_generated": int(counts.sum()),
+            "train_images_synthetic": 0 if sx is None else int(len(sx)), "native": a.native,
             "train_wall_s": round(time.time() - started, 1), "width": a.width, "batch": a.batch, "lr": a.lr,
             "params": sum(q.numel() for q in model.parameters()),
             "command": "python -m training.train_gen_classifier " + " ".join(argv or __import__("sys").argv[1:])}
