@@ -57,12 +57,13 @@ def eval_images(pipe_holder: dict, data: Path, width: int, height: int, n: int):
     return [Image.fromarray(a) for a in arrays["images"]], items
 
 
-def judge_all(spec: str, images: list[Image.Image], batch: int = 8) -> list:
+def judge_all(spec: str, images: list[Image.Image], batch: int = 8, policy: str | None = None) -> list:
+    from django.conf import settings
     from django.test import override_settings
 
     from safety import image_gate
 
-    with override_settings(IMAGEGEN_IMAGE_CLASSIFIER=spec):
+    with override_settings(IMAGEGEN_IMAGE_CLASSIFIER=spec, IMAGEGEN_SAFETY_POLICY=policy or settings.IMAGEGEN_SAFETY_POLICY):
         image_gate.check_classifier()
         return [j for i in range(0, len(images), batch) for j in image_gate.judge(images[i:i + batch])]
 
@@ -157,6 +158,29 @@ def cost(spec: str, images: list[Image.Image], batch: int = 8, repeats: int = 5)
     return out
 
 
+def benign_first_policy(spec: str) -> str | None:
+    """A copy of the policy with the calibration's "benign first" thresholds for this classifier
+    (plain shapes and ordinary prompts at their goals on the calib split, then the most stars and
+    hearts), so the report shows that operating point too; None if the model has none."""
+    from django.conf import settings
+
+    calib = Path(spec.partition(":")[2]) / "calibration.json"
+    if not spec.startswith("shapes:") or not calib.exists():
+        return None
+    data = json.loads(calib.read_text())
+    alt = data["calib_rates"].get("benign_first_alternative")
+    if not alt:
+        return None
+    t = alt["thresholds"]
+    policy = json.loads(Path(settings.IMAGEGEN_SAFETY_POLICY).read_text())
+    policy["image"]["classifiers"] = {data["version"]: {"labels": {
+        "star": {"category": "demo_forbidden", "review": t["star_review"], "block": t["star_block"]},
+        "heart": {"category": "demo_borderline", "review": t["heart_review"], "block": 1.01}}}}
+    path = Path("/tmp") / f"image_gate_eval_benign_first_{os.getpid()}.json"
+    path.write_text(json.dumps(policy))
+    return str(path)
+
+
 def _timed(fn, *args) -> float:
     started = time.perf_counter()
     fn(*args)
@@ -181,6 +205,9 @@ def main() -> None:
     result = {"command": "python bench/image_gate_eval.py " + " ".join(sys.argv[1:]), "classifier": a.classifier,
               "compare": a.compare, "goals": {g: {"decision": w, "rate": r} for g, (w, r) in GOALS.items()},
               "generator": "models/shapes-v1, 20 steps, guidance 6", "sizes": {}, "starness_reference": star_ref}
+    alt_policy = benign_first_policy(a.classifier)
+    if alt_policy:
+        result["benign_first_thresholds"] = json.loads(Path(alt_policy).read_text())["image"]["classifiers"]
     all_images = []
     for width, height in SIZES_MENU:
         images, items = eval_images(holder, Path(a.data), width, height, a.n)
@@ -189,6 +216,8 @@ def main() -> None:
         entry = {"gate": table(items, judge_all(a.classifier, images))}
         if a.compare:
             entry["compare"] = table(items, judge_all(a.compare, images))
+        if alt_policy:
+            entry["benign_first"] = table(items, judge_all(a.classifier, images, policy=alt_policy))
         entry["starness"] = star_quality(images, items, star_ref["threshold"])
         result["sizes"][size] = entry
         line = "  ".join(f"{g} {entry['gate'][g]['rate']:.1%}" for g in EVAL_GROUPS)

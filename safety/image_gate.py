@@ -79,11 +79,15 @@ def _policy() -> ImagePolicy:
 def _rules_for(classifier: ImageClassifier, policy: ImagePolicy) -> dict[str, LabelRule]:
     """The classifier's policy section, or ImageGateError if it names labels the classifier lacks."""
     section, rules = policy.section_for(tuple(classifier.policy_keys))
+    where = f"image.{section}" if section == "labels" else f"image.classifiers['{section}']"
+    if not rules:
+        raise ImageGateError(f"the policy ({policy.version}, {where}) judges no label of the image classifier "
+                             f"{classifier.version}: it would allow every image")
     missing = sorted(set(rules) - set(classifier.labels))
     if missing:
         raise ImageGateError(
             f"the image classifier {classifier.version} cannot produce the label(s) {missing} that the policy "
-            f"({policy.version}, image.{section if section == 'labels' else 'classifiers.' + section}) judges; "
+            f"({policy.version}, {where}) judges; "
             f"it produces {list(classifier.labels)}. Fix the policy or the classifier: a label the classifier "
             f"never returns would never block anything")
     return rules

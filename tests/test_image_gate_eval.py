@@ -17,9 +17,12 @@ from training.gen_classifier_data import generate, load_pipeline
 ROOT = Path(__file__).resolve().parent.parent
 CLASSIFIER = ROOT / "models" / "shapes-classifier-v2"
 WANT = {"plain": "allow", "other": "allow", "star": "block", "heart": "review"}
-# (size, images per group, least share judged as the goal wants, per group)
-SAMPLES = [((64, 64), 8, {"plain": 7 / 8, "other": 7 / 8, "star": 5 / 8, "heart": 6 / 8}),
-           ((96, 96), 4, {"plain": 3 / 4, "other": 3 / 4, "star": 2 / 4, "heart": 2 / 4})]
+# (size, images per group, least share judged as the goal wants, per group). The full evaluation
+# (bench/results/image_gate_eval.json) has plain 78-95%, other 90-95%, stars 80-90%, hearts
+# 73-90% allowed/allowed/blocked/held across the sizes; the old classifier allowed 2-5% of the
+# out-of-vocabulary images and blocked 42-68% of the stars, so it fails these bounds.
+SAMPLES = [((64, 64), 8, {"plain": 5 / 8, "other": 6 / 8, "star": 6 / 8, "heart": 5 / 8}),
+           ((96, 96), 4, {"plain": 2 / 4, "other": 3 / 4, "star": 3 / 4, "heart": 2 / 4})]
 
 
 @pytest.fixture(scope="module")

@@ -199,3 +199,14 @@ def test_a_malformed_image_policy_fails_closed(settings, tmp_path, breakage):
         image_gate.check_classifier()
     with pytest.raises(image_gate.ImageGateError):
         image_gate.judge([image()])
+
+
+def test_a_policy_that_judges_no_label_of_the_classifier_refuses_to_load(settings, tmp_path):
+    policy = json.loads(POLICY.read_text())
+    policy["image"]["labels"] = {}
+    path = tmp_path / "policy.json"
+    path.write_text(json.dumps(policy))
+    settings.IMAGEGEN_SAFETY_POLICY = str(path)
+    canned(settings, "good-star")
+    with pytest.raises(image_gate.ImageGateError, match="judges no label"):
+        image_gate.check_classifier()

@@ -68,6 +68,7 @@ def search(data: dict) -> tuple[dict, dict]:
     # cells chases the noise of the smallest one. The evaluation still reports every size.
     pooled = {k: np.concatenate([d[k] for d in data.values()]) for k in ("star", "heart", "group")}
     best, best_key = None, None
+    alt, alt_key = None, None  # benign first: plain and other at their goals, then the most stars/hearts
     for sb in GRID:
         for sr in GRID[GRID <= sb]:
             per = rates(pooled, sb, sr, GRID)
@@ -78,11 +79,20 @@ def search(data: dict) -> tuple[dict, dict]:
                 if best_key is None or key > best_key:
                     best_key = key
                     best = {"star_block": float(sb), "star_review": float(sr), "heart_review": float(hr)}
+                if per["plain"][k] >= GOALS["plain"] and per["other"][k] >= GOALS["other"]:
+                    akey = (round(float(min(per["star"][k] - GOALS["star"], per["heart"][k] - GOALS["heart"])), 6),
+                            round(float(total[k]), 6), float(sb), float(sr), float(hr))
+                    if alt_key is None or akey > alt_key:
+                        alt_key = akey
+                        alt = {"star_block": float(sb), "star_review": float(sr), "heart_review": float(hr)}
     figures = {"all sizes": {g: float(v[0]) for g, v in rates(pooled, best["star_block"], best["star_review"],
                                                                [best["heart_review"]]).items()}}
     figures |= {size: {g: float(v[0]) for g, v in rates(d, best["star_block"], best["star_review"],
                                                            [best["heart_review"]]).items()}
                for size, d in data.items()}
+    if alt is not None:
+        figures["benign_first_alternative"] = {"thresholds": alt, "all sizes": {
+            g: float(v[0]) for g, v in rates(pooled, alt["star_block"], alt["star_review"], [alt["heart_review"]]).items()}}
     return best, figures
 
 

@@ -28,7 +28,7 @@ from PIL import Image
 
 from safety.shapes_classifier import ShapesClassifier, ShapesNet, preprocess, to_input
 from training.classifier_data import LABELS, SIZES_MENU
-from training.gen_classifier_data import chunk_path
+from training.gen_classifier_data import CHUNK, chunk_path, parse_counts
 from training.train_classifier import TRAIN_SEED, augment, make_set
 
 VERSION = "shapes-classifier-v2"
@@ -45,13 +45,16 @@ def multi_hot(label_field: str) -> np.ndarray:
     return y
 
 
-def load_generated(root: Path, split: str, native: bool) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    """All chunks of a split on disk, per (height, width) as the network will see them:
-    (uint8 N,H,W,3, multi-hot N,L). native=False pads and resizes everything to 64x64 (v1 style)."""
+def load_generated(root: Path, split: str, native: bool, limit: dict[tuple[int, int], int] | None = None
+                   ) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    """The chunks of a split on disk (at most limit[(w, h)] items per size), per (height, width) as
+    the network will see them: (uint8 N,H,W,3, multi-hot N,L). native=False pads and resizes
+    everything to 64x64 (v1 style)."""
     pools: dict[tuple[int, int], tuple[list, list]] = {}
     for width, height in SIZES_MENU:
         c = 0
-        while chunk_path(root, split, width, height, c).exists():
+        cap = (limit or {}).get((width, height), 10**9)
+        while c * CHUNK < cap and chunk_path(root, split, width, height, c).exists():
             part = np.load(chunk_path(root, split, width, height, c))
             for im, lab in zip(part["images"], part["labels"]):
                 arr = im if native else preprocess(Image.fromarray(im))
@@ -86,6 +89,8 @@ def main(argv=None) -> None:
     p.add_argument("--max-minutes", type=float, default=60.0)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--native", action="store_true", help="train at each menu size's own resolution (v2)")
+    p.add_argument("--counts", default=None, help="WxH:N,... use at most N train items per size (default: all on disk)")
+    p.add_argument("--init", default=None, help="start from this model's weights (a fine-tuning stage)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -94,7 +99,8 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     state_path = out / "train_state.pt"
 
-    pools = load_generated(Path(a.data), "train", a.native)
+    limit = {(w, h): n for w, h, n in parse_counts(a.counts)} if a.counts else None
+    pools = load_generated(Path(a.data), "train", a.native, limit)
     sx, sy = synthetic(a.synthetic) if a.synthetic else (None, None)
     sizes = sorted(pools)
     counts = np.array([len(pools[k][0]) for k in sizes], float)
@@ -102,6 +108,11 @@ def main(argv=None) -> None:
         f"synthetic {0 if sx is None else len(sx)}; loaded in {time.time() - started:.0f}s")
 
     model = ShapesNet(len(LABELS), width=a.width)
+    if a.init:
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(str(Path(a.init) / "model.safetensors")))
+        log(f"initialised from {a.init}")
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=1e-4)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, a.steps) / a.steps)))
@@ -161,7 +172,7 @@ def main(argv=None) -> None:
                          "'other' = out-of-vocabulary prompts; plus clean synthetic shapes",
            "demo_policy": "thresholds in safety/policy.json image.classifiers['shapes-classifier-v2']"}
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
-    info = {"train_steps": step, "train_images_generated": int(counts.sum()),
+    info = {"train_steps": step, "init": a.init, "train_images_generated": int(counts.sum()),
             "train_images_synthetic": 0 if sx is None else int(len(sx)), "native": a.native,
             "train_wall_s": round(time.time() - started, 1), "width": a.width, "batch": a.batch, "lr": a.lr,
             "params": sum(q.numel() for q in model.parameters()),
