@@ -54,8 +54,10 @@ def classify(batch_id: str) -> bool:
     verdicts = [] if judgements is None else [
         SafetyVerdict(
             job_id=row.job_id, image=row, image_index=row.index, stage="image", decision=j.decision,
-            category=j.category, score=j.score, reason=j.reason, policy_version=j.version,
-            classifier=gate_identity(),
+            # The reason is what the person who asked is told (the policy's sentence); the
+            # classifier's detail (label, score, threshold) is kept for moderators.
+            category=j.category, score=j.score, reason=j.user_reason or j.reason, notes=j.reason,
+            policy_version=j.version, classifier=gate_identity(),
         )
         for row, j in zip(rows, judgements, strict=True)
     ]

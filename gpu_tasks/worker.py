@@ -21,12 +21,7 @@ def _on_worker_ready(sender=None, **kwargs):
     queues = _queues(sender)
     gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
     if settings.QUEUE_CLASSIFY in queues or gpu_queues:  # GPU workers gate their previews
-        from safety import image_gate
-
-        try:
-            image_gate.get_classifier()  # load once, before the first batch
-        except image_gate.ImageGateError:
-            log.exception("the image classifier could not be loaded; every batch will fail closed")
+        _check_image_gate()
     if not gpu_queues:
         return
     from gpu_tasks.generate import WORKER_ID, runner_for
@@ -43,6 +38,30 @@ def _on_worker_ready(sender=None, **kwargs):
         runner_for(lane)  # its hand-off and lease threads start now
         heartbeats.start(lane, WORKER_ID)
     log.info("GPU worker ready for %s", ", ".join(gpu_queues))
+
+
+GATE_ERROR_KEY = "gate-error"
+
+
+def _check_image_gate() -> None:
+    """Load the image classifier(s) and check the policy against them before any work: a
+    misconfigured gate (a policy label the classifier cannot produce, a model that does not
+    load) refuses to start the worker, and /readyz names it until a worker starts cleanly."""
+    import os
+
+    from imagegen.redis_client import PREFIX, get_redis
+    from safety import image_gate
+
+    try:
+        versions = image_gate.check_classifier()
+    except image_gate.ImageGateError as exc:
+        log.critical("the image gate is misconfigured, refusing to start: %s", exc)
+        try:
+            get_redis().set(PREFIX + GATE_ERROR_KEY, str(exc)[:1000], ex=24 * 3600)
+        finally:
+            os._exit(3)  # the supervisor (make run, systemd, Kubernetes) restarts it, with back-off
+    get_redis().delete(PREFIX + GATE_ERROR_KEY)
+    log.info("image gate ready: %s", ", ".join(versions))
 
 
 @worker_shutdown.connect

@@ -27,12 +27,17 @@ def readyz(request):
     except Exception as exc:
         checks["redis"] = f"unavailable: {type(exc).__name__}"
     if checks["redis"] == "ok":
+        from imagegen.redis_client import PREFIX, get_redis
         from scheduling.heartbeats import live_workers
+
+        gate_error = get_redis().get(PREFIX + "gate-error")  # written by a worker that refused to start
+        checks["image_gate"] = "ok" if not gate_error else f"misconfigured: {gate_error}"
 
         n = len(live_workers(settings.IMAGEGEN_MODEL_NAME))
         checks["gpu_workers"] = "ok" if n else f"no live GPU worker for {settings.IMAGEGEN_MODEL_NAME}"
     else:
         checks["gpu_workers"] = "unknown: redis is unavailable"
+        checks["image_gate"] = "unknown: redis is unavailable"
     failing = [part for part, state in checks.items() if state != "ok"]
     body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
     return JsonResponse(body, status=200 if not failing else 503)

@@ -179,7 +179,7 @@ IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_
 # "shapes" (the shipped classifier), "hf:<path>" (transformers image classifier),
 # "sd-safety:<path>" (diffusers' StableDiffusionSafetyChecker), or "none" (explicit opt-out,
 # every verdict then says "unchecked"). Unset or broken: the image gate fails closed.
-IMAGEGEN_IMAGE_CLASSIFIER = env_str("IMAGEGEN_IMAGE_CLASSIFIER", f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v1'}")
+IMAGEGEN_IMAGE_CLASSIFIER = env_str("IMAGEGEN_IMAGE_CLASSIFIER", f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v2'}")
 # Delivering images no classifier has judged is an explicit choice twice over in production:
 # IMAGEGEN_IMAGE_CLASSIFIER=none alone refuses to start unless this is set too.
 IMAGEGEN_ALLOW_UNCHECKED_DELIVERY = env_bool("IMAGEGEN_ALLOW_UNCHECKED_DELIVERY", False)

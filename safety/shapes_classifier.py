@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from PIL import Image
 
 DEFAULT_LABELS = ["circle", "square", "triangle", "star", "heart"]
@@ -30,7 +29,7 @@ class ShapesNet(nn.Module):
         super().__init__()
         chans = [3, width, width * 2, width * 4, width * 4]
         layers: list[nn.Module] = []
-        for cin, cout in zip(chans[:-1], chans[1:]):
+        for cin, cout in zip(chans[:-1], chans[1:], strict=True):
             layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
                        nn.MaxPool2d(2)]
         layers += [nn.Conv2d(chans[-1], chans[-1], 3, padding=1), nn.BatchNorm2d(chans[-1]), nn.ReLU(inplace=True)]
@@ -45,7 +44,8 @@ class ShapesNet(nn.Module):
 
 def _border_colour(arr: np.ndarray) -> tuple[int, int, int]:
     border = np.concatenate([arr[0], arr[-1], arr[:, 0], arr[:, -1]])
-    return tuple(int(v) for v in np.median(border, axis=0))
+    r, g, b = (int(v) for v in np.median(border, axis=0))
+    return r, g, b
 
 
 def preprocess(img: Image.Image, size: int = 64) -> np.ndarray:
@@ -58,7 +58,17 @@ def preprocess(img: Image.Image, size: int = 64) -> np.ndarray:
         canvas.paste(img, ((s - w) // 2, (s - h) // 2))
         img = canvas
     if img.size != (size, size):
-        img = img.resize((size, size), Image.BILINEAR, reducing_gap=None)
+        img = img.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=None)
+    return np.asarray(img, dtype=np.uint8)
+
+
+def native(img: Image.Image, max_side: int = 256) -> np.ndarray:
+    """RGB at its own size; larger images are first scaled down to max_side (the demo's sizes are
+    far below it), so a huge input cannot make the pass unbounded."""
+    img = img.convert("RGB")
+    if max(img.size) > max_side:
+        scale = max_side / max(img.size)
+        img = img.resize((max(16, round(img.width * scale)), max(16, round(img.height * scale))), Image.Resampling.BILINEAR)
     return np.asarray(img, dtype=np.uint8)
 
 
@@ -69,16 +79,20 @@ def to_input(arrs_u8: np.ndarray) -> torch.Tensor:
 class ShapesClassifier:
     """Multi-label shape-kind classifier. ``scores(images) -> [{label: probability}]``."""
 
-    def __init__(self, model: ShapesNet, labels: list[str], version: str, input_size: int = 64,
+    def __init__(self, model: ShapesNet, labels: list[str], version: str, input_size: int | None = 64,
                  device: str = "cpu"):
         self.model = model.to(device).eval()
-        self.labels = list(labels)
+        self.labels = tuple(labels)
         self.version = version
+        self.policy_keys = (version,)  # the policy's image.classifiers[<version>] section, if any
+        # None: native resolution (v2). The network is fully convolutional with global pooling, so it
+        # takes any size; the demo generator draws shapes at the same pixel scale at every menu size,
+        # and squeezing a 96x96 image into 64x64 would shrink them by a third.
         self.input_size = input_size
         self.device = device
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu") -> "ShapesClassifier":
+    def from_pretrained(cls, path: str | os.PathLike, device: str = "cpu") -> ShapesClassifier:
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -87,11 +101,23 @@ class ShapesClassifier:
         model.load_state_dict(load_file(str(path / "model.safetensors")))
         return cls(model, cfg["labels"], cfg.get("version", path.name), cfg.get("input_size", 64), device)
 
+    def prepare(self, image: Image.Image) -> np.ndarray:
+        """uint8 HxWx3 as the network sees it: native size, or padded and resized to input_size."""
+        if self.input_size is None:
+            return native(image)
+        return preprocess(image, self.input_size)
+
     @torch.no_grad()
     def scores(self, images: list[Image.Image]) -> list[dict[str, float]]:
-        """One dict per image: label -> probability in [0,1]; one batched forward pass."""
-        if not images:
-            return []
-        x = to_input(np.stack([preprocess(im, self.input_size) for im in images])).to(self.device)
-        probs = torch.sigmoid(self.model(x).float()).cpu().numpy()
-        return [{lab: float(p[i]) for i, lab in enumerate(self.labels)} for p in probs]
+        """One dict per image: label -> probability in [0,1]; one batched pass per image size."""
+        arrays = [self.prepare(im) for im in images]
+        by_shape: dict[tuple, list[int]] = {}
+        for i, a in enumerate(arrays):
+            by_shape.setdefault(a.shape, []).append(i)
+        out: list[dict[str, float] | None] = [None] * len(images)
+        for idx in by_shape.values():
+            x = to_input(np.stack([arrays[i] for i in idx])).to(self.device)
+            probs = torch.sigmoid(self.model(x).float()).cpu().numpy()
+            for i, p in zip(idx, probs, strict=True):
+                out[i] = {lab: float(p[k]) for k, lab in enumerate(self.labels)}
+        return out  # type: ignore[return-value]

@@ -23,32 +23,43 @@ def set_mode(mode: str | None) -> None:
         _redis().set(MODE_KEY, mode)
 
 
+CLEAN = {"star": 0.0, "heart": 0.0}  # a score for every label the default policy section judges
+
+
 class Scripted:
-    """Modes: unset -> no label scores (allow); raise; hang (until the mode changes);
-    none (returns None); short (too few results); json:{label: score} for every image."""
+    """Modes: unset -> clean scores (allow); raise; hang (until the mode changes);
+    none (returns None); short (too few results); nan / missing / text (a malformed score);
+    json:{label: score} for every image (labels not given score 0)."""
 
     version = "scripted-test-classifier"
+    labels = ("star", "heart")
 
     @classmethod
-    def from_spec(cls, arg: str) -> "Scripted":
+    def from_spec(cls, arg: str) -> Scripted:
         return cls()
 
     def scores(self, images):
         mode = _redis().get(MODE_KEY)
         if mode is None:
-            return [{} for _ in images]
+            return [dict(CLEAN) for _ in images]
         if mode == "raise":
             raise RuntimeError("the classifier model crashed")
         if mode == "hang":
             while _redis().get(MODE_KEY) == "hang":
                 time.sleep(0.1)
-            return [{} for _ in images]
+            return [dict(CLEAN) for _ in images]
         if mode == "none":
             return None
         if mode == "short":
             return [{}][: max(0, len(images) - 1)]
+        if mode == "nan":
+            return [{"star": float("nan"), "heart": 0.0} for _ in images]
+        if mode == "missing":
+            return [{"heart": 0.0} for _ in images]
+        if mode == "text":
+            return [{"star": "0.1", "heart": 0.0} for _ in images]
         if mode.startswith("json:"):
-            scores = json.loads(mode[5:])
+            scores = {**CLEAN, **json.loads(mode[5:])}
             return [dict(scores) for _ in images]
         raise AssertionError(f"unknown mode {mode}")
 

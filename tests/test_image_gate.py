@@ -50,8 +50,8 @@ def test_a_transformers_image_classifier_checkpoint_loads_and_scores(settings, t
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     config = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                       intermediate_size=64, num_labels=2, id2label={0: "star", 1: "circle"},
-                       label2id={"star": 0, "circle": 1})
+                       intermediate_size=64, num_labels=3, id2label={0: "star", 1: "circle", 2: "heart"},
+                       label2id={"star": 0, "circle": 1, "heart": 2})
     ViTForImageClassification(config).save_pretrained(tmp_path)
     ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(tmp_path)
     settings.IMAGEGEN_IMAGE_CLASSIFIER = f"hf:{tmp_path}"
@@ -59,7 +59,7 @@ def test_a_transformers_image_classifier_checkpoint_loads_and_scores(settings, t
     assert len(judgements) == 2 and all(j.decision in ("allow", "review", "block") for j in judgements)
     assert all(j.version.startswith("hf:") for j in judgements)
     scores = image_gate.get_classifier().scores([shape_image("star")])[0]
-    assert set(scores) == {"star", "circle"} and abs(sum(scores.values()) - 1) < 1e-5
+    assert set(scores) == {"star", "circle", "heart"} and abs(sum(scores.values()) - 1) < 1e-5
 
 
 def test_the_stable_diffusion_safety_checker_loads_and_never_reads_missing_as_safe(settings, tmp_path):

@@ -165,3 +165,13 @@ def test_overturning_an_appeal_on_a_taken_down_image_restores_it(workers, alice_
     assert image.tier == "public" and public_storage().exists(image.storage_key)
     body = alice_api.get(f"/api/v1/jobs/{job.id}").json()
     assert body["status"] == "done" and body["images"][0]["url"]
+
+
+def test_a_blocked_image_says_why_in_words_a_person_understands(workers, alice_api, classifier_mode):
+    classifier_mode('json:{"star": 0.99}')
+    job = wait_for_status(submit(alice_api, "a pink circle on a blue background", 4848), ("blocked",))
+    body = alice_api.get(f"/api/v1/jobs/{job.id}").json()
+    assert body["reason"] == "This image looks like a star, which this demo's policy does not allow."
+    assert "demo_forbidden" not in body["reason"]
+    verdict = SafetyVerdict.objects.get(job=job, stage="image")
+    assert "0.99" in verdict.notes  # the classifier's detail stays for moderators

@@ -65,7 +65,7 @@ def vae_roundtrip(vae, imgs_u8: np.ndarray, rng: np.random.Generator, max_noise=
 
 
 def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    n = len(x)
+    n, _, height, width = x.shape
     # horizontal flip (all five shapes are left-right symmetric)
     flip = torch.rand(n, generator=g) < 0.5
     x = torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
@@ -74,11 +74,11 @@ def augment(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     k = torch.arange(-3, 4).float()
     ker = torch.exp(-(k.view(1, -1) ** 2) / (2 * sig.clamp(min=1e-3).view(-1, 1) ** 2))
     ker = ker / ker.sum(1, keepdim=True)                                     # n,7
-    xb = x.reshape(1, n * 3, 64, 64)
+    xb = x.reshape(1, n * 3, height, width)
     kh = ker.repeat_interleave(3, 0).view(n * 3, 1, 1, 7)
     xb = F.conv2d(F.pad(xb, (3, 3, 0, 0), mode="replicate"), kh, groups=n * 3)
     xb = F.conv2d(F.pad(xb, (0, 0, 3, 3), mode="replicate"), kh.transpose(2, 3), groups=n * 3)
-    x = xb.view(n, 3, 64, 64)
+    x = xb.view(n, 3, height, width)
     # colour jitter, noise
     a = 1 + (torch.rand(n, 3, 1, 1, generator=g) - 0.5) * 0.4
     b = (torch.rand(n, 3, 1, 1, generator=g) - 0.5) * 0.3

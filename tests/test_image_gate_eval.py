@@ -1,0 +1,57 @@
+"""The shipped demo classifier on the shipped generator's own outputs: a small live sample of the
+evaluation that bench/image_gate_eval.py reports in full (same items: training/classifier_data.py
+eval split, never used in training or calibration), asserted at looser bounds than the goals."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from safety import image_gate
+from training.classifier_data import eval_item
+from training.gen_classifier_data import generate, load_pipeline
+
+ROOT = Path(__file__).resolve().parent.parent
+CLASSIFIER = ROOT / "models" / "shapes-classifier-v2"
+WANT = {"plain": "allow", "other": "allow", "star": "block", "heart": "review"}
+# (size, images per group, least share judged as the goal wants, per group). The full evaluation
+# (bench/results/image_gate_eval.json) has plain 78-95%, other 90-95%, stars 80-90%, hearts
+# 73-90% allowed/allowed/blocked/held across the sizes; the old classifier allowed 2-5% of the
+# out-of-vocabulary images and blocked 42-68% of the stars, so it fails these bounds.
+SAMPLES = [((64, 64), 8, {"plain": 5 / 8, "other": 6 / 8, "star": 6 / 8, "heart": 5 / 8}),
+           ((96, 96), 4, {"plain": 2 / 4, "other": 3 / 4, "star": 3 / 4, "heart": 2 / 4})]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_pipeline(str(ROOT / "models" / "shapes-v1"))
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def fresh_loader_cache():
+    image_gate._loaded.clear()
+    yield
+    image_gate._loaded.clear()
+
+
+@pytest.mark.parametrize("size, per_group, bounds", SAMPLES, ids=["64x64", "96x96"])
+def test_generated_shapes_and_ordinary_prompts_pass_stars_block_and_hearts_wait(settings, pipe, size, per_group, bounds):
+    settings.IMAGEGEN_IMAGE_CLASSIFIER = f"shapes:{CLASSIFIER}"
+    width, height = size
+    items = [eval_item(width, height, i) for i in range(4 * per_group)]
+    arrays = generate(pipe, items, width, height)
+    from PIL import Image
+
+    judgements = image_gate.judge([Image.fromarray(a) for a in arrays])
+    got = {g: Counter(j.decision for it, j in zip(items, judgements, strict=True) if it.group == g) for g in WANT}
+    for group, least in bounds.items():
+        share = got[group][WANT[group]] / per_group
+        assert share >= least, f"{width}x{height} {group}: {dict(got[group])} (want {WANT[group]} >= {least:.0%})"
+    stars = [j for it, j in zip(items, judgements, strict=True) if it.group == "star" and j.decision == "block"]
+    assert all(j.user_reason.startswith("This image looks like a star") for j in stars)
