@@ -1,0 +1,222 @@
+"""The wait-estimate summary: what jobs.admission.estimate() answers, computed once per interval
+and kept in Redis, so that a submit or a poll costs the same with 10 or 10,000 images queued.
+
+estimate() replays the scheduler over the whole backlog (jobs/admission.py): exact, but its
+cost grows with the queue, and every submit and every poll of a queued job paid it. Here each
+answer is computed by calling that same machinery, once per interval for all the web processes,
+and requests read the result:
+
+- ``new|<shape>|<images>``: estimate(shape, images) for a new job, stored with the absolute time
+  its pass ends; a request answers ``eta_end - now``.
+- ``bucket|<shape>``: estimate() for up to SAMPLES jobs spread over the shape's bucket (its head,
+  its tail and evenly between); a queued job's ETA is interpolated between the two samples
+  around its place in the bucket (a FIFO bucket is served in order, so the answer lies between
+  them), and exact at a sample.
+- ``counts``: jobs and images queued per shape (GET /api/v1/queue).
+
+A queued job's position (jobs ahead) is counted exactly in Redis, one ZCOUNT per shape: no scan.
+
+Freshness: an entry older than 20 times its own compute time, and never older than
+IMAGEGEN_SUMMARY_MAX_AGE, is refreshed. A cheap one (under SYNC_BUDGET: a short queue) is
+recomputed by the request that finds it stale, so with a short queue the answer is as fresh as
+a replay per request; a costly one is answered from the stale entry while one background thread,
+in one process (a Redis lock), recomputes it. The first request for a key computes it.
+Changes to the replay (scheduling/policy.py, jobs/admission.py) flow through unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from imagegen.redis_client import PREFIX, get_redis
+from jobs import admission
+from scheduling import costs as cost_model
+from scheduling import scheduler
+
+SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
+FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
+SYNC_BUDGET = 0.005  # seconds: an entry cheaper than this is recomputed in the request
+ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
+
+log = logging.getLogger(__name__)
+_refresher = ThreadPoolExecutor(1, thread_name_prefix="queue-summary")
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+
+
+def _key(model: str) -> str:
+    return f"{PREFIX}summary:{model}"
+
+
+def _fresh_for(entry: dict) -> float:
+    return min(settings.IMAGEGEN_SUMMARY_MAX_AGE, FRESH_FACTOR * entry["cost"])
+
+
+def _store(model: str, field: str, compute: Callable[[], dict]) -> dict:
+    started = time.perf_counter()
+    entry = compute()
+    entry["cost"] = time.perf_counter() - started
+    r = get_redis()
+    pipe = r.pipeline(transaction=False)
+    pipe.hset(_key(model), field, json.dumps(entry))
+    pipe.expire(_key(model), ENTRY_TTL)
+    pipe.execute()
+    return entry
+
+
+def _lock(model: str, field: str, seconds: float) -> bool:
+    """One computer per entry across every process and thread, for at most `seconds`."""
+    return bool(get_redis().set(f"{_key(model)}:lock:{field}", "1", nx=True, px=max(100, int(seconds * 1000))))
+
+
+def _refresh_in_background(model: str, field: str, compute: Callable[[], dict]) -> None:
+    token = f"{model}\0{field}"
+    with _pending_lock:
+        if token in _pending:
+            return
+        _pending.add(token)
+
+    def run() -> None:
+        close_old_connections()
+        try:
+            _store(model, field, compute)
+        except Exception:  # the stale entry keeps answering; the next request retries
+            log.exception("queue summary %s: refresh failed", field)
+        finally:
+            close_old_connections()
+            with _pending_lock:
+                _pending.discard(token)
+
+    _refresher.submit(run)
+
+
+def entry(model: str, field: str, compute: Callable[[], dict]) -> dict:
+    """The summary entry `field`, fresh enough (see the module docstring)."""
+    raw = get_redis().hget(_key(model), field)
+    current = json.loads(raw) if raw else None
+    if current is None:
+        return _store(model, field, compute)
+    age = time.time() - current["at"]
+    if age <= _fresh_for(current):
+        return current
+    if not _lock(model, field, max(1.0, 3 * current["cost"])):
+        return current  # another thread or process is computing it now
+    if current["cost"] <= SYNC_BUDGET or age > 10 * settings.IMAGEGEN_SUMMARY_MAX_AGE:
+        return _store(model, field, compute)
+    _refresh_in_background(model, field, compute)
+    return current
+
+
+# --- a new job ---
+
+def _compute_new(shape: str, images: int, model: str) -> dict:
+    now = time.time()
+    est = admission.estimate(shape, images, model_name=model)
+    costs = cost_model.costs()
+    return {
+        "at": now,
+        "eta_end": None if est.eta_seconds is None else now + est.eta_seconds,
+        # a pass of its own: no stale entry may promise less than this
+        "floor": cost_model.pass_seconds(shape, images, costs) + cost_model.overhead(costs),
+        "position": est.position,
+        "work_ahead": est.work_ahead_seconds,
+        "queued_images": est.queued_images,
+        "gpus": est.active_gpus,
+    }
+
+
+def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
+    return None if eta_end is None else max(eta_end - now, floor)
+
+
+def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> admission.Estimate:
+    """admission.estimate(shape, images) for a new job, from the summary."""
+    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model))
+    return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
+                              e["queued_images"], e["gpus"])
+
+
+# --- a job already queued ---
+
+def _compute_bucket(shape: str, model: str) -> dict:
+    now = time.time()
+    bucket = scheduler.queued_entries(model).get(shape, [])
+    picks = sorted({round(i * (len(bucket) - 1) / (SAMPLES - 1)) for i in range(SAMPLES)}) if bucket else []
+    samples = []
+    gpus = None
+    for index in picks:
+        job_id, count, enqueued_at = bucket[index]
+        est = admission.estimate(shape, count, enqueued_at=enqueued_at, model_name=model, job_id=job_id)
+        gpus = est.active_gpus
+        samples.append([index, None if est.eta_seconds is None else now + est.eta_seconds])
+    return {"at": now, "samples": samples, "gpus": gpus, "jobs": len(bucket),
+            "overhead": cost_model.overhead(cost_model.costs())}
+
+
+def interpolate(samples: list[list], index: int) -> float | None:
+    """The ETA (absolute) at place `index` of the bucket, between the samples around it; past
+    the last sample (a job that joined since), along the last two samples' slope."""
+    if not samples or any(end is None for _, end in samples):
+        return None
+    places = [p for p, _ in samples]
+    k = bisect.bisect_left(places, index)
+    if k < len(places) and places[k] == index:
+        return samples[k][1]
+    if k == 0:
+        return samples[0][1]
+    if k == len(places):
+        if len(samples) == 1:
+            return samples[-1][1]
+        (p0, e0), (p1, e1) = samples[-2], samples[-1]
+        return e1 + max(0.0, (e1 - e0) / (p1 - p0)) * (index - p1)
+    (p0, e0), (p1, e1) = samples[k - 1], samples[k]
+    return e0 + (e1 - e0) * (index - p0) / (p1 - p0)
+
+
+def _ahead(model: str, shape: str, enqueued_at: float) -> tuple[int, int]:
+    """(jobs queued ahead in every bucket, jobs ahead in the job's own bucket): exact, one ZCOUNT
+    per shape."""
+    r = get_redis()
+    shapes = sorted(r.smembers(f"{PREFIX}shapes:{model}"))
+    pipe = r.pipeline(transaction=False)
+    bound = f"({enqueued_at!r}"
+    for s in shapes:
+        pipe.zcount(f"{PREFIX}q:{s}", "-inf", bound)
+    counts = dict(zip(shapes, pipe.execute(), strict=True))
+    return sum(counts.values()), counts.get(shape, 0)
+
+
+def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name: str | None = None) -> admission.Estimate:
+    """admission.estimate(shape, images, enqueued_at, job_id=...) for a job queued in the
+    scheduler since `enqueued_at`, from the summary."""
+    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    position, in_bucket = _ahead(model, shape, enqueued_at)
+    e = entry(model, f"bucket|{shape}", lambda: _compute_bucket(shape, model))
+    if e["gpus"] == 0:
+        return admission.Estimate(None, position, 0.0, 0, 0)
+    end = interpolate(e["samples"], in_bucket)
+    if end is None and not e["samples"]:  # the bucket was empty at the last summary: as a new job
+        return new_job_estimate(shape, images, model)
+    return admission.Estimate(_eta(end, e["overhead"], time.time()), position, 0.0, 0, e["gpus"] or 0)
+
+
+# --- the queue's shape counts (GET /api/v1/queue) ---
+
+def _compute_counts(model: str) -> dict:
+    shapes = {s: {"jobs": len(es), "images": sum(n for _, n, _ in es)} for s, es in scheduler.queued_entries(model).items()}
+    return {"at": time.time(), "shapes": shapes}
+
+
+def queue_counts(model_name: str | None = None) -> dict[str, dict]:
+    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    return entry(model, "counts", lambda: _compute_counts(model))["shapes"]
