@@ -31,7 +31,8 @@ Send = Callable[[Message], Any]
 
 
 def busy_response() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps({"detail": BUSY_DETAIL, "limit": "server_busy", "retry_after": BUSY_RETRY_AFTER}).encode()
+    body = json.dumps({"detail": BUSY_DETAIL, "limit": "server_busy", "eta_seconds": None,
+                       "retry_after": BUSY_RETRY_AFTER}).encode()
     return 429, [(b"content-type", b"application/json"), (b"retry-after", str(BUSY_RETRY_AFTER).encode()),
                  (b"content-length", str(len(body)).encode())], body
 
