@@ -122,9 +122,9 @@ IMAGEGEN_WEB_QUEUE_TIMEOUT = env_float("IMAGEGEN_WEB_QUEUE_TIMEOUT", 2.0)
 # connection, then the answer is 429 (busy), never "Too many connections".
 IMAGEGEN_REDIS_POOL_SIZE = env_int("IMAGEGEN_REDIS_POOL_SIZE", IMAGEGEN_WEB_THREADS + 8)
 IMAGEGEN_REDIS_POOL_TIMEOUT = env_float("IMAGEGEN_REDIS_POOL_TIMEOUT", 2.0)
-# The wait-estimate summary (jobs/queue_summary.py): a summary older than this is always
-# refreshed before it is used again; a cheap one sooner (20 times its own compute time).
-IMAGEGEN_SUMMARY_MAX_AGE = env_float("IMAGEGEN_SUMMARY_MAX_AGE", 1.0)
+# The wait-estimate summary (jobs/queue_summary.py): an entry is refreshed when older than 20
+# times its own compute time (at most 1/20 of a core per entry), and never used older than this.
+IMAGEGEN_SUMMARY_MAX_AGE = env_float("IMAGEGEN_SUMMARY_MAX_AGE", 30.0)
 
 # --- object storage ---
 MEDIA_ROOT = Path(env_str("IMAGEGEN_MEDIA_ROOT", str(VAR_DIR / "media")))

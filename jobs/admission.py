@@ -260,6 +260,12 @@ def current_estimate(shape: str, images: int) -> Estimate:
     return queue_summary.new_job_estimate(shape, images)
 
 
+def _accepted(shape: str) -> None:
+    from jobs import queue_summary
+
+    queue_summary.note_submit(shape)
+
+
 def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bool) -> tuple[int, Estimate]:
     """The steps to run with (lowered when degrading) and the estimate, or Refused."""
     shape = shape_for_steps(steps)
@@ -272,11 +278,13 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
             limit="queue_full",
         )
     if est.eta_seconds is None or est.eta_seconds <= settings.IMAGEGEN_MAX_QUEUE_WAIT:
+        _accepted(shape)
         return steps, est
     if allow_degrade and steps > settings.IMAGEGEN_DEGRADE_STEPS:
         degraded_steps = settings.IMAGEGEN_DEGRADE_STEPS
         degraded = current_estimate(shape_for_steps(degraded_steps), images)
         if degraded.eta_seconds is not None and degraded.eta_seconds <= settings.IMAGEGEN_MAX_QUEUE_WAIT * 1.5:
+            _accepted(shape_for_steps(degraded_steps))
             return degraded_steps, degraded
     raise Refused(
         f"The estimated wait is {est.eta_seconds:.0f}s, over the {settings.IMAGEGEN_MAX_QUEUE_WAIT:.0f}s limit. "

@@ -16,11 +16,14 @@ and requests read the result:
 
 A queued job's position (jobs ahead) is counted exactly in Redis, one ZCOUNT per shape: no scan.
 
-Freshness: an entry older than 20 times its own compute time, and never older than
-IMAGEGEN_SUMMARY_MAX_AGE, is refreshed. A cheap one (under SYNC_BUDGET: a short queue) is
-recomputed by the request that finds it stale, so with a short queue the answer is as fresh as
-a replay per request; a costly one is answered from the stale entry while one background thread,
-in one process (a Redis lock), recomputes it. The first request for a key computes it.
+Freshness: an entry is refreshed once it is older than FRESH_FACTOR (20) times its own compute
+time (at most IMAGEGEN_SUMMARY_MAX_AGE), so keeping one entry fresh never takes more than 1/20
+of a core, whatever the backlog: a replay of 10,000 images (~170 ms here) is redone every ~3 s,
+against a wait of many minutes; one of 50 images (~5 ms) every 0.1 s. A cheap one (under
+SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, so with a short
+queue the answer is as fresh as a replay per request was; a costly one is answered from the
+stale entry while one background thread, in one process (a Redis lock), recomputes it. The
+first request for an entry computes it (others wanting it meanwhile wait for that one).
 Changes to the replay (scheduling/policy.py, jobs/admission.py) flow through unchanged.
 """
 
@@ -44,8 +47,10 @@ from scheduling import scheduler
 
 SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
 FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
-SYNC_BUDGET = 0.005  # seconds: an entry cheaper than this is recomputed in the request
+CHANGE_FACTOR = 4.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
+SYNC_BUDGET = 0.02  # seconds: an entry cheaper than this is recomputed in the request
 ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
+FIRST_WAIT = 2.0  # seconds a request waits for another's first computation of an entry
 
 log = logging.getLogger(__name__)
 _refresher = ThreadPoolExecutor(1, thread_name_prefix="queue-summary")
@@ -61,24 +66,35 @@ def _fresh_for(entry: dict) -> float:
     return min(settings.IMAGEGEN_SUMMARY_MAX_AGE, FRESH_FACTOR * entry["cost"])
 
 
-def _store(model: str, field: str, compute: Callable[[], dict]) -> dict:
+def _store(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
+    """Compute the entry, store it, and release its lock (taken or not: a lock outlives no
+    computation)."""
     started = time.perf_counter()
-    entry = compute()
-    entry["cost"] = time.perf_counter() - started
     r = get_redis()
-    pipe = r.pipeline(transaction=False)
-    pipe.hset(_key(model), field, json.dumps(entry))
-    pipe.expire(_key(model), ENTRY_TTL)
-    pipe.execute()
+    try:
+        entry = compute()
+        entry["cost"] = time.perf_counter() - started
+        if submits is not None:  # the submit counter read before computing: later ones are not in it
+            entry["submits"] = submits
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(_key(model), field, json.dumps(entry))
+        pipe.expire(_key(model), ENTRY_TTL)
+        pipe.execute()
+    finally:
+        r.delete(_lock_key(model, field))
     return entry
+
+
+def _lock_key(model: str, field: str) -> str:
+    return f"{_key(model)}:lock:{field}"
 
 
 def _lock(model: str, field: str, seconds: float) -> bool:
     """One computer per entry across every process and thread, for at most `seconds`."""
-    return bool(get_redis().set(f"{_key(model)}:lock:{field}", "1", nx=True, px=max(100, int(seconds * 1000))))
+    return bool(get_redis().set(_lock_key(model, field), "1", nx=True, px=max(100, int(seconds * 1000))))
 
 
-def _refresh_in_background(model: str, field: str, compute: Callable[[], dict]) -> None:
+def _refresh_in_background(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> None:
     token = f"{model}\0{field}"
     with _pending_lock:
         if token in _pending:
@@ -88,7 +104,7 @@ def _refresh_in_background(model: str, field: str, compute: Callable[[], dict]) 
     def run() -> None:
         close_old_connections()
         try:
-            _store(model, field, compute)
+            _store(model, field, compute, submits)
         except Exception:  # the stale entry keeps answering; the next request retries
             log.exception("queue summary %s: refresh failed", field)
         finally:
@@ -99,21 +115,59 @@ def _refresh_in_background(model: str, field: str, compute: Callable[[], dict]) 
     _refresher.submit(run)
 
 
-def entry(model: str, field: str, compute: Callable[[], dict]) -> dict:
-    """The summary entry `field`, fresh enough (see the module docstring)."""
-    raw = get_redis().hget(_key(model), field)
+def entry(model: str, field: str, compute: Callable[[], dict], shape: str = "") -> dict:
+    """The summary entry `field`, fresh enough (see the module docstring). With `shape`, a cheap
+    entry is also recomputed once a job of that shape was accepted after it was made (it is not
+    in the entry), at most every CHANGE_FACTOR x its compute time."""
+    counter = f"submits|{shape}" if shape else None
+    raw, submits = get_redis().hmget(_key(model), [field, counter or field])
     current = json.loads(raw) if raw else None
     if current is None:
-        return _store(model, field, compute)
+        return _first(model, field, compute, submits if counter else None)
     age = time.time() - current["at"]
-    if age <= _fresh_for(current):
+    cheap = current["cost"] <= SYNC_BUDGET
+    changed = counter is not None and cheap and (submits or "0") != current.get("submits", "0") \
+        and age > CHANGE_FACTOR * current["cost"]
+    if age <= _fresh_for(current) and not changed:
         return current
     if not _lock(model, field, max(1.0, 3 * current["cost"])):
-        return current  # another thread or process is computing it now
-    if current["cost"] <= SYNC_BUDGET or age > 10 * settings.IMAGEGEN_SUMMARY_MAX_AGE:
-        return _store(model, field, compute)
-    _refresh_in_background(model, field, compute)
+        # Another thread or process is computing it now: a cheap one is worth waiting for.
+        return _wait_newer(model, field, current, 3 * current["cost"] + 0.01) if cheap else current
+    if cheap or age > 10 * settings.IMAGEGEN_SUMMARY_MAX_AGE:
+        return _store(model, field, compute, submits if counter else None)
+    _refresh_in_background(model, field, compute, submits if counter else None)
     return current
+
+
+def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.002)
+        raw = get_redis().hget(_key(model), field)
+        if raw:
+            newer = json.loads(raw)
+            if newer["at"] > current["at"]:
+                return newer
+    return current
+
+
+def note_submit(shape: str, model_name: str | None = None) -> None:
+    """A job of `shape` was accepted: cheap new-job entries of that shape are recomputed."""
+    get_redis().hincrby(_key(model_name or settings.IMAGEGEN_MODEL_NAME), f"submits|{shape}", 1)
+
+
+def _first(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
+    """No entry yet: one request computes it; the others that want it meanwhile wait for it
+    (up to FIRST_WAIT seconds, then compute it themselves) instead of all replaying at once."""
+    if _lock(model, field, FIRST_WAIT):
+        return _store(model, field, compute, submits)
+    deadline = time.monotonic() + FIRST_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        raw = get_redis().hget(_key(model), field)
+        if raw:
+            return json.loads(raw)
+    return _store(model, field, compute, submits)
 
 
 # --- a new job ---
@@ -125,13 +179,19 @@ def _compute_new(shape: str, images: int, model: str) -> dict:
     return {
         "at": now,
         "eta_end": None if est.eta_seconds is None else now + est.eta_seconds,
-        # a pass of its own: no stale entry may promise less than this
-        "floor": cost_model.pass_seconds(shape, images, costs) + cost_model.overhead(costs),
+        # a pass of its own on an idle GPU: no stale entry may promise less than this
+        "floor": cost_model.pass_seconds(shape, images, costs) + cost_model.overhead(costs)
+        + (settings.IMAGEGEN_FILL_WAIT if images < scheduler.cap_for(*_size(shape)) else 0.0),
         "position": est.position,
         "work_ahead": est.work_ahead_seconds,
         "queued_images": est.queued_images,
         "gpus": est.active_gpus,
     }
+
+
+def _size(shape: str) -> tuple[int, int]:
+    info = scheduler.parse_shape(shape)
+    return info["width"], info["height"]
 
 
 def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
@@ -141,7 +201,7 @@ def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
 def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> admission.Estimate:
     """admission.estimate(shape, images) for a new job, from the summary."""
     model = model_name or settings.IMAGEGEN_MODEL_NAME
-    e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model))
+    e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model), shape=shape)
     return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
                               e["queued_images"], e["gpus"])
 

@@ -119,7 +119,7 @@ def test_a_costly_summary_is_answered_while_one_background_refresh_recomputes_it
     first = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL))
     # Make the stored entry look stale and costly (a long queue): the next request must not
     # replay in its own time, but answer from it and have it refreshed in the background.
-    stale = {**first, "at": first["at"] - 1.5, "cost": 0.5}
+    stale = {**first, "at": first["at"] - 12, "cost": 0.5}  # fresh for 20 x 0.5 s: stale, costly
     summary_lane.hset(f"{PREFIX}summary:{MODEL}", f"new|{shape}|1", json.dumps(stale))
     calls = []
 
@@ -265,3 +265,18 @@ def test_make_runs_web_processes_come_up_and_serve_rest_and_server_sent_events(w
             assert client.get("/api/v1/queue").status_code == 200
     finally:
         stop_group(proc, 10)
+
+
+@pytest.mark.django_db
+def test_a_cheap_new_job_entry_is_recomputed_after_a_submit_of_its_shape(summary_lane):
+    random_workload(summary_lane, random.Random(5))
+    shape = SHAPES[1]
+    first = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
+    assert first["cost"] <= queue_summary.SYNC_BUDGET
+    time.sleep(queue_summary.CHANGE_FACTOR * first["cost"] + 0.001)
+    same = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
+    if time.time() - first["at"] <= queue_summary.FRESH_FACTOR * first["cost"]:
+        assert same["at"] == first["at"]  # nothing accepted since: still fresh
+    queue_summary.note_submit(shape, MODEL)
+    newer = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
+    assert newer["at"] > first["at"]
