@@ -32,6 +32,8 @@ threaded_app = ThreadedWSGI(
     threads=settings.IMAGEGEN_WEB_THREADS,
     backlog=settings.IMAGEGEN_WEB_BACKLOG,
     queue_timeout=settings.IMAGEGEN_WEB_QUEUE_TIMEOUT,
+    # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE itself; never buffer more than that.
+    max_body=(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 10 * 1024 * 1024) + 64 * 1024,
 )
 
 

@@ -79,14 +79,24 @@ def build_environ(scope: dict, body: bytes) -> dict:
     return environ
 
 
-async def _read_body(receive: Callable[[], Any]) -> bytes | None:
-    """The whole request body, or None if the client went away first."""
+class TooLarge(Exception):
+    pass
+
+
+async def _read_body(receive: Callable[[], Any], limit: int) -> bytes | None:
+    """The whole request body, or None if the client went away first; TooLarge past `limit`
+    bytes (the API takes small JSON bodies: nothing is buffered without bound)."""
     chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 
@@ -94,8 +104,10 @@ async def _read_body(receive: Callable[[], Any]) -> bytes | None:
 class ThreadedWSGI:
     """An ASGI app that runs `wsgi_app` on a bounded pool of threads."""
 
-    def __init__(self, wsgi_app: Callable, threads: int, backlog: int, queue_timeout: float):
+    def __init__(self, wsgi_app: Callable, threads: int, backlog: int, queue_timeout: float,
+                 max_body: int = 10 * 1024 * 1024):
         self.wsgi_app = wsgi_app
+        self.max_body = max_body
         self.threads = max(1, threads)
         self.limit = self.threads + max(0, backlog)
         self.queue_timeout = queue_timeout
@@ -104,7 +116,13 @@ class ThreadedWSGI:
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="web")
 
     async def __call__(self, scope: dict, receive: Callable, send: Send) -> None:
-        body = await _read_body(receive)
+        try:
+            body = await _read_body(receive, self.max_body)
+        except TooLarge:
+            detail = json.dumps({"detail": f"The request body is over {self.max_body} bytes."}).encode()
+            await self._send_whole(send, 413, [(b"content-type", b"application/json"),
+                                               (b"content-length", str(len(detail)).encode())], detail)
+            return
         if body is None:
             return
         if self.in_flight >= self.limit:

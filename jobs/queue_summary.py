@@ -20,10 +20,12 @@ Freshness: an entry is refreshed once it is older than FRESH_FACTOR (20) times i
 time (at most IMAGEGEN_SUMMARY_MAX_AGE), so keeping one entry fresh never takes more than 1/20
 of a core, whatever the backlog: a replay of 10,000 images (~170 ms here) is redone every ~3 s,
 against a wait of many minutes; one of 50 images (~5 ms) every 0.1 s. A cheap one (under
-SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, so with a short
+SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, and a cheap
+new-job entry also once a job of its shape was accepted after it was made, so with a short
 queue the answer is as fresh as a replay per request was; a costly one is answered from the
-stale entry while one background thread, in one process (a Redis lock), recomputes it. The
-first request for an entry computes it (others wanting it meanwhile wait for that one).
+stale entry (up to twice its freshness old) while one background thread, in one process (a
+Redis lock), recomputes it. An entry older than that, or missing, is computed by the request
+that wants it; others wanting it meanwhile wait for that computation.
 Changes to the replay (scheduling/policy.py, jobs/admission.py) flow through unchanged.
 """
 
@@ -128,12 +130,16 @@ def entry(model: str, field: str, compute: Callable[[], dict], shape: str = "") 
     cheap = current["cost"] <= SYNC_BUDGET
     changed = counter is not None and cheap and (submits or "0") != current.get("submits", "0") \
         and age > CHANGE_FACTOR * current["cost"]
-    if age <= _fresh_for(current) and not changed:
+    fresh_for = _fresh_for(current)
+    if age <= fresh_for and not changed:
         return current
+    # Answered while it is recomputed only if costly and at most twice its freshness old: an
+    # entry nobody asked for in a while is recomputed before it answers.
+    usable = not cheap and age <= 2 * fresh_for
     if not _lock(model, field, max(1.0, 3 * current["cost"])):
-        # Another thread or process is computing it now: a cheap one is worth waiting for.
-        return _wait_newer(model, field, current, 3 * current["cost"] + 0.01) if cheap else current
-    if cheap or age > 10 * settings.IMAGEGEN_SUMMARY_MAX_AGE:
+        # Another thread or process is computing it now.
+        return current if usable else _wait_newer(model, field, current, 3 * current["cost"] + 0.01)
+    if not usable:
         return _store(model, field, compute, submits if counter else None)
     _refresh_in_background(model, field, compute, submits if counter else None)
     return current
