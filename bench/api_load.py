@@ -62,9 +62,13 @@ def pct(values: list[float], q: float) -> float | None:
 
 # --- the load generator: raw HTTP/1.1 on keep-alive connections (cheap on the client side) ---
 
+IDLE_REUSE_SECONDS = 3.0  # under uvicorn's keep-alive timeout (5 s): never reuse a connection it may close
+
+
 class Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
 
     async def request(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
         self.writer.write(raw)
@@ -101,8 +105,12 @@ class OpenLoop:
 
     async def _conn(self) -> Conn:
         while True:
-            if self.idle:
-                return self.idle.pop()
+            while self.idle:
+                conn = self.idle.pop()
+                if time.monotonic() - conn.idle_since < IDLE_REUSE_SECONDS:
+                    return conn
+                conn.writer.close()
+                self.opened -= 1
             if self.opened < self.max_connections:
                 self.opened += 1
                 try:
@@ -116,6 +124,7 @@ class OpenLoop:
 
     async def _release(self, conn: Conn | None, keep: bool) -> None:
         if conn is not None and keep:
+            conn.idle_since = time.monotonic()
             self.idle.append(conn)
         elif conn is not None:
             conn.writer.close()
@@ -280,6 +289,7 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
     return {
         "sent": len(answers),
         "achieved_per_s": round(len(answered) / max(span, 1e-9), 1),
+        "ok_per_s": round(sum(1 for a in answered if 200 <= a[2] < 300) / max(span, 1e-9), 1),
         "p50_ms": round(1000 * (pct(latencies, 0.5) or 0), 1),
         "p99_ms": round(1000 * (pct(latencies, 0.99) or 0), 1),
         "max_ms": round(1000 * max(latencies, default=0), 1),
@@ -384,6 +394,7 @@ def main() -> None:
                     f.update(kind=kind, offered_per_s=rate, depth=depth, queued_at_start=len(queued))
                     result["cells"].append(f)
                     print(f"{kind:6} depth {depth:>5} offered {rate:>5.0f}/s: achieved {f['achieved_per_s']:>6}/s "
+                          f"(2xx {f['ok_per_s']}/s) "
                           f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
                           f"web cpu {f['web_cpu_ms_per_request']} ms/req", flush=True)
     finally:

@@ -460,5 +460,6 @@ IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
 IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
-CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard"]
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard",
+                  "jobs.queue_summary"]  # its refresher thread starts on the cpu workers
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

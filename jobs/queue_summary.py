@@ -22,10 +22,13 @@ of a core, whatever the backlog: a replay of 10,000 images (~170 ms here) is red
 against a wait of many minutes; one of 50 images (~5 ms) every 0.1 s. A cheap one (under
 SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, and a cheap
 new-job entry also once a job of its shape was accepted after it was made, so with a short
-queue the answer is as fresh as a replay per request was; a costly one is answered from the
-stale entry (up to twice its freshness old) while one background thread, in one process (a
-Redis lock), recomputes it. An entry older than that, or missing, is computed by the request
-that wants it; others wanting it meanwhile wait for that computation.
+queue the answer is as fresh as a replay per request was. A costly one is answered from the
+stale entry while it is recomputed off the request path: by the refresher thread of a cpu
+Celery worker (refresher_loop, started on worker_ready; one computer per entry across all of
+them, a Redis lock) when one is alive, so the web processes never replay a long queue; else by
+a thread of the web process. An entry older than IMAGEGEN_SUMMARY_MAX_AGE (no refresher: twice
+its freshness), or missing, is computed by the request that wants it; others wanting it
+meanwhile wait for that computation.
 Changes to the replay (scheduling/policy.py, jobs/admission.py) flow through unchanged.
 """
 
@@ -39,6 +42,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -49,8 +53,8 @@ from scheduling import scheduler
 
 SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
 FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
-CHANGE_FACTOR = 4.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
-SYNC_BUDGET = 0.02  # seconds: an entry cheaper than this is recomputed in the request
+CHANGE_FACTOR = 10.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
+SYNC_BUDGET = 0.01  # seconds: an entry cheaper than this is recomputed in the request
 ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
 FIRST_WAIT = 2.0  # seconds a request waits for another's first computation of an entry
 
@@ -133,16 +137,20 @@ def entry(model: str, field: str, compute: Callable[[], dict], shape: str = "") 
     fresh_for = _fresh_for(current)
     if age <= fresh_for and not changed:
         return current
-    # Answered while it is recomputed only if costly and at most twice its freshness old: an
-    # entry nobody asked for in a while is recomputed before it answers.
-    usable = not cheap and age <= 2 * fresh_for
+    if not cheap:
+        # A costly entry answers while it is recomputed off the request: by the refresher of a
+        # cpu worker when one is alive (up to IMAGEGEN_SUMMARY_MAX_AGE old), else by a thread of
+        # this process (up to twice its freshness old). Older, it is recomputed here first.
+        alive = _refresher_alive()
+        if age <= (settings.IMAGEGEN_SUMMARY_MAX_AGE if alive else 2 * fresh_for):
+            if alive:
+                get_redis().hset(_key(model), f"want|{field}", repr(time.time()))
+            elif _lock(model, field, max(1.0, 3 * current["cost"])):
+                _refresh_in_background(model, field, compute, submits if counter else None)
+            return current
     if not _lock(model, field, max(1.0, 3 * current["cost"])):
-        # Another thread or process is computing it now.
-        return current if usable else _wait_newer(model, field, current, 3 * current["cost"] + 0.01)
-    if not usable:
-        return _store(model, field, compute, submits if counter else None)
-    _refresh_in_background(model, field, compute, submits if counter else None)
-    return current
+        return _wait_newer(model, field, current, 3 * current["cost"] + 0.01)  # another is computing it
+    return _store(model, field, compute, submits if counter else None)
 
 
 def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
@@ -286,3 +294,74 @@ def _compute_counts(model: str) -> dict:
 def queue_counts(model_name: str | None = None) -> dict[str, dict]:
     model = model_name or settings.IMAGEGEN_MODEL_NAME
     return entry(model, "counts", lambda: _compute_counts(model))["shapes"]
+
+
+# --- the refresher: costly entries recomputed by a cpu worker, off the web processes ---
+
+ALIVE_TTL = 5.0
+REFRESH_EVERY = 0.2
+_stop = threading.Event()
+
+
+def _alive_key() -> str:
+    return f"{PREFIX}summary-refresher"
+
+
+def _refresher_alive() -> bool:
+    return bool(get_redis().exists(_alive_key()))
+
+
+def _compute_for(model: str, field: str) -> tuple[Callable[[], dict], str | None] | None:
+    """The computation behind an entry's field name, and its submit counter's field."""
+    if field == "counts":
+        return (lambda: _compute_counts(model)), None
+    if field.startswith("bucket|"):
+        shape = field[len("bucket|"):]
+        return (lambda: _compute_bucket(shape, model)), None
+    if field.startswith("new|"):
+        shape, images = field[len("new|"):].rsplit("|", 1)
+        return (lambda: _compute_new(shape, int(images), model)), f"submits|{shape}"
+    return None
+
+
+def refresh_wanted(model: str) -> int:
+    """Recompute every costly entry that a request found stale since it was made. Returns how many."""
+    r = get_redis()
+    fields = r.hgetall(_key(model))
+    done = 0
+    for field, raw in fields.items():
+        wanted = fields.get(f"want|{field}")
+        how = _compute_for(model, field)
+        if wanted is None or how is None:
+            continue
+        current = json.loads(raw)
+        if float(wanted) < current["at"] or time.time() - current["at"] <= _fresh_for(current):
+            continue
+        if not _lock(model, field, max(1.0, 3 * current["cost"])):
+            continue
+        compute, counter = how
+        _store(model, field, compute, r.hget(_key(model), counter) if counter else None)
+        done += 1
+    return done
+
+
+def refresher_loop() -> None:
+    while not _stop.is_set():
+        try:
+            get_redis().set(_alive_key(), "1", px=int(ALIVE_TTL * 1000))
+            close_old_connections()
+            refresh_wanted(settings.IMAGEGEN_MODEL_NAME)
+        except Exception:  # Redis or the database away: the web processes compute for themselves
+            log.exception("queue summary refresher")
+        _stop.wait(REFRESH_EVERY)
+
+
+def start_refresher(sender=None, **kwargs) -> None:
+    """On a Celery worker that serves the cpu queue (worker_ready): one refresher thread."""
+    consumer = getattr(sender, "task_consumer", None)
+    queues = {q.name for q in getattr(consumer, "queues", [])}
+    if settings.QUEUE_CPU in queues:
+        threading.Thread(target=refresher_loop, name="queue-summary-refresher", daemon=True).start()
+
+
+worker_ready.connect(start_refresher)

@@ -280,3 +280,23 @@ def test_a_cheap_new_job_entry_is_recomputed_after_a_submit_of_its_shape(summary
     queue_summary.note_submit(shape, MODEL)
     newer = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
     assert newer["at"] > first["at"]
+
+
+@pytest.mark.django_db
+def test_the_refresher_recomputes_the_costly_entries_requests_found_stale_and_only_those(summary_lane):
+    random_workload(summary_lane, random.Random(7))
+    key = f"{PREFIX}summary:{MODEL}"
+    made = {}
+    for shape in SHAPES[:2]:
+        first = queue_summary.entry(MODEL, f"new|{shape}|1", lambda s=shape: queue_summary._compute_new(s, 1, MODEL), shape=shape)
+        made[shape] = {**first, "at": first["at"] - 12, "cost": 0.5}  # stale and costly
+        summary_lane.hset(key, f"new|{shape}|1", json.dumps(made[shape]))
+    summary_lane.set(queue_summary._alive_key(), "1", px=5000)  # a refresher is alive: requests leave it the work
+    wanted = SHAPES[0]
+    answer = queue_summary.new_job_estimate(wanted, 1, model_name=MODEL)
+    assert answer.position == made[wanted]["position"]  # answered from the stale entry, no replay here
+    assert json.loads(summary_lane.hget(key, f"new|{wanted}|1"))["at"] == made[wanted]["at"]
+    assert queue_summary.refresh_wanted(MODEL) == 1
+    assert json.loads(summary_lane.hget(key, f"new|{wanted}|1"))["at"] > made[wanted]["at"]
+    assert json.loads(summary_lane.hget(key, f"new|{SHAPES[1]}|1"))["at"] == made[SHAPES[1]]["at"]  # nobody asked
+    summary_lane.delete(queue_summary._alive_key())
