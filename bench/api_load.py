@@ -391,12 +391,13 @@ def main() -> None:
 
                     time.sleep(1.0)  # let the summary settle, as it would in steady traffic
                     f = asyncio.run(cell(kind, rate, submit if kind == "submit" else poll))
-                    f.update(kind=kind, offered_per_s=rate, depth=depth, queued_at_start=len(queued))
+                    f.update(kind=kind, offered_per_s=rate, depth=depth, queued_at_start=len(queued),
+                             load_average_1m=round(os.getloadavg()[0], 2))
                     result["cells"].append(f)
                     print(f"{kind:6} depth {depth:>5} offered {rate:>5.0f}/s: achieved {f['achieved_per_s']:>6}/s "
                           f"(2xx {f['ok_per_s']}/s) "
                           f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
-                          f"web cpu {f['web_cpu_ms_per_request']} ms/req", flush=True)
+                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']}", flush=True)
     finally:
         if web is not None:
             stop_group(web, 20)

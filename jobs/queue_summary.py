@@ -18,8 +18,9 @@ A queued job's position (jobs ahead) is counted exactly in Redis, one ZCOUNT per
 
 Freshness: an entry is refreshed once it is older than FRESH_FACTOR (20) times its own compute
 time (at most IMAGEGEN_SUMMARY_MAX_AGE), so keeping one entry fresh never takes more than 1/20
-of a core, whatever the backlog: a replay of 10,000 images (~170 ms here) is redone every ~3 s,
-against a wait of many minutes; one of 50 images (~5 ms) every 0.1 s. A cheap one (under
+of a core, whatever the backlog: a replay of 10,000 images (~135 ms of CPU here) is redone
+every ~3 s, against a wait of many minutes; one of an empty queue (~2.5 ms) every 0.05 s. Costs
+are CPU seconds (thread time), steady when the machine is busy. A cheap one (under
 SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, and a cheap
 new-job entry also once a job of its shape was accepted after it was made, so with a short
 queue the answer is as fresh as a replay per request was. A costly one is answered from the
@@ -53,8 +54,8 @@ from scheduling import scheduler
 
 SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
 FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
-CHANGE_FACTOR = 10.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
-SYNC_BUDGET = 0.01  # seconds: an entry cheaper than this is recomputed in the request
+CHANGE_FACTOR = 4.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
+SYNC_BUDGET = 0.008  # CPU seconds: an entry cheaper than this is recomputed in the request
 ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
 FIRST_WAIT = 2.0  # seconds a request waits for another's first computation of an entry
 
@@ -75,11 +76,13 @@ def _fresh_for(entry: dict) -> float:
 def _store(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
     """Compute the entry, store it, and release its lock (taken or not: a lock outlives no
     computation)."""
-    started = time.perf_counter()
+    # Cost in CPU seconds of this thread: what an entry takes from a core (its freshness is
+    # 20x that), steady whether or not this machine is busy with other work.
+    started = time.thread_time()
     r = get_redis()
     try:
         entry = compute()
-        entry["cost"] = time.perf_counter() - started
+        entry["cost"] = time.thread_time() - started
         if submits is not None:  # the submit counter read before computing: later ones are not in it
             entry["submits"] = submits
         pipe = r.pipeline(transaction=False)
