@@ -82,6 +82,8 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("IMAGEGEN_DB_CONN_MAX_AGE", 0)
+    # Tests share the database with worker processes, so the test database is a file too.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 else:
     # One persistent connection per web thread (Django keeps connections per thread), checked
     # before reuse: the pool is the thread pool, so it can never run dry under load.
@@ -89,8 +91,6 @@ else:
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # A connection attempt that hangs must not hold a web thread for long.
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("IMAGEGEN_DB_CONNECT_TIMEOUT", 5))
-    # Tests share the database with worker processes, so the test database is a file too.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
