@@ -1,4 +1,11 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels."""
+"""ASGI entry point: websockets through Channels; HTTP through Django.
+
+Sync views (the REST API, the page, the admin) run on a pool of threads per process
+(imagegen/threaded_http.py) instead of Django's one thread per process under ASGI; async views
+(the server-sent events stream) stay on the event loop through Django's ASGI handler. Serve it
+with several processes on one port: `uvicorn imagegen.asgi:application --workers N` (what
+`make run` starts), gunicorn with uvicorn workers, or daphne.
+"""
 
 import os
 
@@ -8,17 +15,55 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from asgiref.sync import iscoroutinefunction  # noqa: E402
+from channels.routing import URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
+from django.urls import Resolver404, get_resolver  # noqa: E402
 
+from imagegen.threaded_http import ThreadedWSGI  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.ws_auth import TokenOrSessionAuthMiddleware  # noqa: E402
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
-        ),
-    }
+websocket_app = AllowedHostsOriginValidator(TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns)))
+threaded_app = ThreadedWSGI(
+    WSGIHandler(),
+    threads=settings.IMAGEGEN_WEB_THREADS,
+    backlog=settings.IMAGEGEN_WEB_BACKLOG,
+    queue_timeout=settings.IMAGEGEN_WEB_QUEUE_TIMEOUT,
+    # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE itself; never buffer more than that.
+    max_body=(settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 10 * 1024 * 1024) + 64 * 1024,
 )
+
+
+def is_async_view(path: str) -> bool:
+    try:
+        match = get_resolver().resolve(path)
+    except Resolver404:
+        return False
+    return iscoroutinefunction(match.func)
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def application(scope, receive, send):
+    if scope["type"] == "http":
+        if is_async_view(scope["path"]):
+            await django_asgi_app(scope, receive, send)
+        else:
+            await threaded_app(scope, receive, send)
+    elif scope["type"] == "websocket":
+        await websocket_app(scope, receive, send)
+    elif scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+    else:
+        raise ValueError(f"unsupported ASGI scope type {scope['type']!r}")

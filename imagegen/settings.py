@@ -81,9 +81,16 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("IMAGEGEN_DB_CONN_MAX_AGE", 0)
     # Tests share the database with worker processes, so the test database is a file too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
+else:
+    # One persistent connection per web thread (Django keeps connections per thread), checked
+    # before reuse: the pool is the thread pool, so it can never run dry under load.
+    DATABASES["default"]["CONN_MAX_AGE"] = env_int("IMAGEGEN_DB_CONN_MAX_AGE", 60)
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    # A connection attempt that hangs must not hold a web thread for long.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("IMAGEGEN_DB_CONNECT_TIMEOUT", 5))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS: list[dict] = []
@@ -101,6 +108,23 @@ LOGOUT_REDIRECT_URL = "/"
 
 # --- Redis: broker, channel layer, scheduler state ---
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# --- the web tier (imagegen/asgi.py, scripts/run.py, README "Running the API tier") ---
+# Processes that serve HTTP and websockets on one port (0: one per CPU core, at most 8); sync
+# views run on WEB_THREADS threads in each. A request that finds every thread busy waits with
+# at most WEB_BACKLOG others, and at most WEB_QUEUE_TIMEOUT seconds; past either it is
+# answered 429 + Retry-After (busy), never queued without bound.
+IMAGEGEN_WEB_PROCESSES = env_int("IMAGEGEN_WEB_PROCESSES", 0)
+IMAGEGEN_WEB_THREADS = env_int("IMAGEGEN_WEB_THREADS", 8)
+IMAGEGEN_WEB_BACKLOG = env_int("IMAGEGEN_WEB_BACKLOG", 64)
+IMAGEGEN_WEB_QUEUE_TIMEOUT = env_float("IMAGEGEN_WEB_QUEUE_TIMEOUT", 2.0)
+# Connection pools, sized to the threads and blocking: a thread waits this long for a free
+# connection, then the answer is 429 (busy), never "Too many connections".
+IMAGEGEN_REDIS_POOL_SIZE = env_int("IMAGEGEN_REDIS_POOL_SIZE", IMAGEGEN_WEB_THREADS + 8)
+IMAGEGEN_REDIS_POOL_TIMEOUT = env_float("IMAGEGEN_REDIS_POOL_TIMEOUT", 2.0)
+# The wait-estimate summary (jobs/queue_summary.py): an entry is refreshed when older than 20
+# times its own compute time (at most 1/20 of a core per entry), and never used older than this.
+IMAGEGEN_SUMMARY_MAX_AGE = env_float("IMAGEGEN_SUMMARY_MAX_AGE", 30.0)
 
 # --- object storage ---
 MEDIA_ROOT = Path(env_str("IMAGEGEN_MEDIA_ROOT", str(VAR_DIR / "media")))
@@ -227,7 +251,10 @@ CELERY_TASK_ROUTES = ("imagegen.celery_routes.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+# Every web thread may send a task at once: kombu's Redis pool does not wait past its
+# max_connections (default 10) but raises "Too many connections", so size it to the threads.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_connections": 2 * IMAGEGEN_WEB_THREADS + 8}
+CELERY_BROKER_POOL_LIMIT = IMAGEGEN_WEB_THREADS + 4
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
@@ -433,5 +460,6 @@ IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
 IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
-CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard"]
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard",
+                  "jobs.queue_summary"]  # its refresher thread starts on the cpu workers
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

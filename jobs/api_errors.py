@@ -1,5 +1,6 @@
 """API errors: DRF's field-error shape for 4xx; a clear 503 instead of a 500 when a backing
-service (database, Redis) is down; a 4xx instead of a 500 for input that only the database
+service (database, Redis) is down; 429 + Retry-After when the process is merely busy (a
+connection pool stayed full for its timeout, SQLite's write lock stayed taken); a 4xx instead of a 500 for input that only the database
 layer recognises as invalid (a forged pagination cursor, a NUL byte on PostgreSQL).
 
 Two entry points:
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 5
 DATABASE_DOWN = "The database is unavailable; nothing was changed. Try again shortly."
 REDIS_DOWN = "The queue service is unavailable. Try again shortly."
+BUSY = "The service is busy; try again shortly."
+BUSY_RETRY_AFTER_SECONDS = 1
 
 
 def _redis_error_class():
@@ -51,8 +54,28 @@ def _is_nul_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "NUL (0x00)" in str(exc)
 
 
+def _is_busy(exc: BaseException) -> bool:
+    """A local resource ran out, not a dependency: this process's Redis pool stayed full for
+    its timeout, a non-blocking pool hit its limit, SQLite's write lock stayed taken past its
+    timeout, or a database pool had no free connection in time."""
+    try:
+        from redis.exceptions import MaxConnectionsError
+
+        from imagegen.redis_client import PoolBusy
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(exc, PoolBusy | MaxConnectionsError):
+        return True
+    if isinstance(exc, DatabaseError) and "database is locked" in str(exc):
+        return True
+    return type(exc).__name__ == "PoolTimeout" or type(getattr(exc, "__cause__", None)).__name__ == "PoolTimeout"
+
+
 def classify(exc: BaseException, request=None) -> tuple[int, str] | None:
     """(status, detail) for the exceptions this module maps, else None."""
+    if _is_busy(exc):
+        log.warning("busy: %s", exc)
+        return 429, BUSY
     if isinstance(exc, DatabaseError):
         log.error("database unavailable: %s", exc)
         return 503, DATABASE_DOWN
@@ -92,15 +115,25 @@ def exception_handler(exc, context):
     if mapped is None:
         return None
     status, detail = mapped
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else None
-    return Response({"detail": detail}, status=status, headers=headers)
+    return Response(_body(status, detail), status=status, headers=_retry_after(status))
+
+
+def _retry_after(status: int) -> dict[str, str] | None:
+    if status == 503:
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    if status == 429:
+        return {"Retry-After": str(BUSY_RETRY_AFTER_SECONDS)}
+    return None
+
+
+def _body(status: int, detail: str) -> dict:
+    if status == 429:  # the 429 shape of the contract: {detail, limit, eta_seconds, retry_after}
+        return {"detail": detail, "limit": "server_busy", "eta_seconds": None, "retry_after": BUSY_RETRY_AFTER_SECONDS}
+    return {"detail": detail}
 
 
 def json_error(status: int, detail: str) -> JsonResponse:
-    response = JsonResponse({"detail": detail}, status=status)
-    if status == 503:
-        response["Retry-After"] = str(RETRY_AFTER_SECONDS)
-    return response
+    return JsonResponse(_body(status, detail), status=status, headers=_retry_after(status))
 
 
 class ServiceUnavailableMiddleware:

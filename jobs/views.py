@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from django.http import FileResponse, Http404
+import hashlib
+
+from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
 from rest_framework.generics import ListAPIView
 from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -18,6 +21,8 @@ from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerial
 from jobs.serializers import JobCreateSerializer, JobSerializer
 from jobs.storage import public_storage
 from jobs.submit import submit_job
+
+_json = JSONRenderer()
 
 
 def own_job(request, job_id) -> GenerationJob:
@@ -77,10 +82,35 @@ class JobListCreate(ListAPIView):
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
-@extend_schema_view(get=extend_schema(operation_id="jobs_retrieve", summary="Get a job", responses={200: JobSerializer}))
+def etag_of(body: bytes) -> str:
+    return '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+
+
+def if_none_match(request, etag: str) -> bool:
+    """RFC 9110: If-None-Match lists entity tags (weak comparison) or is "*"."""
+    header = request.headers.get("If-None-Match", "")
+    if not header:
+        return False
+    tags = {tag.strip().removeprefix("W/") for tag in header.split(",")}
+    return "*" in tags or etag in tags
+
+
+@extend_schema_view(get=extend_schema(
+    operation_id="jobs_retrieve", summary="Get a job",
+    description=(
+        "Carries an `ETag`; send it back as `If-None-Match` and an unchanged job answers 304 with no body. "
+        "A queued job's `eta_seconds` counts down, so its tag changes between polls; a finished job's does not."
+    ),
+    responses={200: JobSerializer, 304: OpenApiResponse(description="Not modified since the ETag sent in If-None-Match.")},
+))
 class JobDetail(APIView):
     def get(self, request, job_id):
-        return Response(JobSerializer(own_job(request, job_id), context={"estimate": True}).data)
+        body = _json.render(JobSerializer(own_job(request, job_id), context={"estimate": True}).data)
+        etag = etag_of(body)
+        headers = {"ETag": etag, "Cache-Control": "private, no-cache"}
+        if if_none_match(request, etag):
+            return HttpResponse(status=status.HTTP_304_NOT_MODIFIED, headers=headers)
+        return HttpResponse(body, content_type="application/json", headers=headers)
 
 
 @extend_schema_view(
@@ -124,22 +154,24 @@ class QueueView(APIView):
     def get(self, request):
         from django.conf import settings
 
-        from jobs.admission import estimate
+        from jobs.queue_summary import new_job_estimate, queue_counts
         from scheduling import scheduler
 
+        # From the per-shape summary (jobs/queue_summary.py), not a replay per shape per request.
         model = settings.IMAGEGEN_MODEL_NAME
         shapes = []
-        for shape, entries in scheduler.queued_entries(model).items():
+        for shape, counts in sorted(queue_counts(model).items()):
             info = scheduler.parse_shape(shape)
-            est = estimate(shape, 1, model_name=model)
+            est = new_job_estimate(shape, 1, model_name=model)
             shapes.append({
                 **info,
-                "jobs": len(entries),
-                "images": sum(count for _, count, _ in entries),
+                "jobs": counts["jobs"],
+                "images": counts["images"],
                 "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
             })
-        est = estimate(scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, *settings.IMAGEGEN_SIZE_MENU[0],
-                                           settings.IMAGEGEN_DEFAULT_STEPS, settings.IMAGEGEN_DEFAULT_GUIDANCE, ""), 1)
+        est = new_job_estimate(scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, *settings.IMAGEGEN_SIZE_MENU[0],
+                                                   settings.IMAGEGEN_DEFAULT_STEPS, settings.IMAGEGEN_DEFAULT_GUIDANCE, ""), 1,
+                               model_name=model)
         return Response({
             "models": [{
                 "model": model,

@@ -1,7 +1,9 @@
 """`make run`: the whole service on one machine, supervised.
 
-Migrates, starts a private Redis when REDIS_URL is unset (never on 6379), the ASGI web server,
-a cpu/io Celery worker with the periodic reaper, and one GPU worker; restarts any that dies.
+Migrates, starts a private Redis when REDIS_URL is unset (never on 6379), the web tier (uvicorn,
+IMAGEGEN_WEB_PROCESSES processes on one port, a thread pool for sync views in each), a Celery
+worker for the cpu, io and classify queues with the periodic reaper, and one GPU worker;
+restarts any that dies.
 Once /readyz answers 200 it prints one block: the URL, the demo and moderator sign-ins, an API
 token and a curl to try (also written to var/run-info.txt). Until then it says what it is
 waiting for. Worker banners and routine logs go to var/logs/<process>.log (`--verbose`, or
@@ -32,6 +34,21 @@ PY = sys.executable
 READY_POLL_SECONDS = 0.5
 WAITING_NOTE_EVERY = 15.0  # seconds between "still waiting for ..." lines
 LOG_TAIL_LINES = 12
+
+
+def web_processes(env: dict) -> int:
+    """IMAGEGEN_WEB_PROCESSES, or one per CPU core (at most 8) when it is 0 or unset."""
+    value = int(env.get("IMAGEGEN_WEB_PROCESSES") or 0)
+    return value if value > 0 else max(1, min(8, os.cpu_count() or 1))
+
+
+def web_command(env: dict, port: str, host: str = "127.0.0.1") -> list[str]:
+    """The web tier: uvicorn with one process per web_processes() on one port, sync views on
+    IMAGEGEN_WEB_THREADS threads in each (imagegen/asgi.py); the processes share nothing but
+    the database and Redis."""
+    return [PY, "-m", "uvicorn", "imagegen.asgi:application", "--host", host, "--port", str(port),
+            "--workers", str(web_processes(env)), "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
+            "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "10"]
 
 
 def log(msg: str) -> None:
@@ -205,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_queues = f"{env.get('IMAGEGEN_QUEUE_CPU', 'cpu')},{env.get('IMAGEGEN_QUEUE_IO', 'io')},{classify_queue}"
         celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
         children = [
-            Child("web", [PY, "-m", "daphne", "-b", "127.0.0.1", "-p", port, "imagegen.asgi:application"], env),
+            Child("web", web_command(env, port), env),
             Child("worker-cpu", celery + ["-Q", cpu_queues, "-c", "2", "-n", "cpu@%h", "-B", "--schedule", str(var / "beat-schedule")], env),
             Child("worker-gpu", celery + ["-Q", gpu_queue, "--pool=solo", "-n", "gpu0@%h"], env),
         ]

@@ -1,0 +1,411 @@
+"""The API tier under an open-loop load: submits and polls at fixed arrival rates, at several
+queue depths.
+
+    .venv/bin/python bench/api_load.py [--submit-rates 50,100,200,400] [--poll-rates 50,100,200,400,800]
+                                       [--depths 0,1000,10000] [--seconds 8] [--web-processes 0]
+
+The processes `make run` starts (scripts/run.py's web command: uvicorn, IMAGEGEN_WEB_PROCESSES
+processes, IMAGEGEN_WEB_THREADS threads each; a cpu/io/classify Celery worker with the reaper; one
+GPU worker with the simulated accelerator), a private Redis and SQLite, all on this machine. The
+Celery workers run at nice 10: in production they live on other hosts, and here they must not
+take the web tier's cores (they still run, and still write to the same database).
+
+Open loop: request k is due at start + k / rate whether or not earlier ones were answered, on
+as many keep-alive connections as needed (at most --max-connections; past that a due request
+waits for a connection, and that wait counts in its latency). Latency = answer time - due time.
+
+For each queue depth (images queued in the scheduler, prefilled through the real enqueue) and
+each rate, a fresh queue is laid, --warmup seconds of load are sent and dropped, then --seconds
+are measured: achieved rate (answers per second), p50/p99 latency, status codes, and the web
+processes' CPU seconds per answered request. Polls alternate between finished jobs (done, with an
+image) and jobs waiting in the queue. Writes bench/results/api_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.procs import stop_group  # noqa: E402
+from scripts.run import web_command, web_processes  # noqa: E402
+from scripts.stack import Stack  # noqa: E402
+
+COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
+KINDS = ["circle", "square", "triangle"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(len(values) - 1, int(k) + 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+# --- the load generator: raw HTTP/1.1 on keep-alive connections (cheap on the client side) ---
+
+IDLE_REUSE_SECONDS = 3.0  # under uvicorn's keep-alive timeout (5 s): never reuse a connection it may close
+
+
+class Conn:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.idle_since = time.monotonic()
+
+    async def request(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        self.writer.write(raw)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            if ":" in line:
+                k, v = line.split(":", 1)
+                headers[k.strip().lower()] = v.strip()
+        if "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            parts = []
+            while True:
+                size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
+                chunk = await self.reader.readexactly(size + 2)
+                if size == 0:
+                    break
+                parts.append(chunk[:-2])
+            body = b"".join(parts)
+        else:
+            body = b""
+        return status, headers, body
+
+
+class OpenLoop:
+    def __init__(self, port: int, max_connections: int, timeout: float):
+        self.port, self.max_connections, self.timeout = port, max_connections, timeout
+        self.idle: list[Conn] = []
+        self.opened = 0
+        self.freed = asyncio.Condition()
+
+    async def _conn(self) -> Conn:
+        while True:
+            while self.idle:
+                conn = self.idle.pop()
+                if time.monotonic() - conn.idle_since < IDLE_REUSE_SECONDS:
+                    return conn
+                conn.writer.close()
+                self.opened -= 1
+            if self.opened < self.max_connections:
+                self.opened += 1
+                try:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                except OSError:
+                    self.opened -= 1
+                    raise
+                return Conn(reader, writer)
+            async with self.freed:
+                await self.freed.wait()
+
+    async def _release(self, conn: Conn | None, keep: bool) -> None:
+        if conn is not None and keep:
+            conn.idle_since = time.monotonic()
+            self.idle.append(conn)
+        elif conn is not None:
+            conn.writer.close()
+            self.opened -= 1
+        async with self.freed:
+            self.freed.notify()
+
+    async def one(self, due: float, raw: bytes, out: list) -> None:
+        conn = None
+        keep = False
+        try:
+            conn = await self._conn()
+            status, headers, _ = await asyncio.wait_for(conn.request(raw), self.timeout)
+            keep = headers.get("connection", "").lower() != "close"
+            out.append((due, time.monotonic() - due, status, headers.get("retry-after")))
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            out.append((due, time.monotonic() - due, f"error:{type(exc).__name__}", None))
+        finally:
+            await self._release(conn, keep)
+
+    async def run(self, rate: float, seconds: float, make_request, rng: random.Random) -> list:
+        out: list = []
+        tasks = []
+        start = time.monotonic() + 0.05
+        n = int(rate * seconds)
+        for k in range(n):
+            due = start + k / rate
+            delay = due - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(self.one(due, make_request(rng), out)))
+        await asyncio.gather(*tasks)
+        return out
+
+    async def close(self) -> None:
+        for conn in self.idle:
+            conn.writer.close()
+        self.idle.clear()
+
+
+def http(method: str, path: str, token: str, body: bytes = b"", extra: str = "") -> bytes:
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Token {token}\r\n"
+            f"Accept: application/json\r\n{extra}")
+    if body:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return (head + "\r\n").encode() + body
+
+
+# --- the stack ---
+
+def web_cpu_seconds(web: subprocess.Popen) -> float:
+    import psutil
+
+    try:
+        root = psutil.Process(web.pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def make_users(n: int) -> list[tuple[int, str]]:
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    users = User.objects.bulk_create([User(username=f"load{k}") for k in range(n)])
+    users = list(User.objects.filter(username__startswith="load").order_by("id"))
+    tokens = Token.objects.bulk_create([Token(user=u, key=Token.generate_key()) for u in users])
+    return [(u.id, t.key) for u, t in zip(users, tokens, strict=True)]
+
+
+def reset_queue() -> None:
+    """No queued work: queued rows cancelled, the scheduler's buckets, summary and pending prompt
+    checks dropped (as after a drain), so each cell starts from the depth it asks for."""
+    from django.conf import settings
+
+    from imagegen.redis_client import PREFIX, get_redis
+    from jobs.models import GenerationJob
+
+    GenerationJob.objects.filter(status="queued").update(status="cancelled", reason="bench reset")
+    r = get_redis()
+    for pattern in (f"{PREFIX}q:*", f"{PREFIX}shapes:*", f"{PREFIX}summary:*", f"{PREFIX}arr:*"):
+        keys = list(r.scan_iter(pattern))
+        if keys:
+            r.delete(*keys)
+    r.delete(settings.QUEUE_CPU)  # the broker's list of prompt checks not yet taken
+
+
+def prefill(images: int, users: list[tuple[int, str]], rng: random.Random) -> list[tuple[str, str]]:
+    """`images` one-image jobs queued in the scheduler (rows + the real enqueue), spread over the
+    size menu; returns (job id, owner's token) of each."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from jobs.actions import shape_of
+    from jobs.models import GenerationJob
+    from scheduling import lanes, scheduler
+
+    now = timezone.now()
+    jobs = []
+    for k in range(images):
+        w, h = rng.choice(settings.IMAGEGEN_SIZE_MENU)
+        owner = users[k % len(users)]
+        jobs.append(GenerationJob(
+            owner_id=owner[0], prompt=f"a {rng.choice(COLOURS)} {rng.choice(KINDS)} prefill {k}", width=w, height=h,
+            steps=20, guidance_scale=settings.IMAGEGEN_DEFAULT_GUIDANCE, seed=rng.randrange(2**31), count=1,
+            model_version=settings.IMAGEGEN_MODEL_VERSION, progress_total=20,
+            scheduled_at=now - timedelta(seconds=images - k) / 1000,
+        ))
+    GenerationJob.objects.bulk_create(jobs, batch_size=2000)
+    lane = lanes.lane_of(settings.IMAGEGEN_MODEL_VERSION)
+    for job in jobs:
+        scheduler.enqueue(lane, shape_of(job), str(job.id), 1, job.scheduled_at.timestamp())
+    from imagegen.redis_client import PREFIX, get_redis
+
+    r = get_redis()
+    arrivals = list(r.scan_iter(f"{PREFIX}arr:*"))  # a prefill is a backlog, not an arrival rate
+    if arrivals:
+        r.delete(*arrivals)
+    return [(str(j.id), users[k % len(users)][1]) for k, j in enumerate(jobs)]
+
+
+def done_jobs(n: int, users: list[tuple[int, str]]) -> list[tuple[str, str]]:
+    """`n` finished jobs with one delivered image each (rows only: a poll never reads bytes)."""
+    import hashlib
+    import uuid
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    from jobs.models import GeneratedImage, GenerationJob
+
+    now = timezone.now()
+    jobs = [GenerationJob(owner_id=users[k % len(users)][0], prompt=f"a done job {k}", width=64, height=64, steps=20,
+                          guidance_scale=5.0, seed=k, count=1, model_version=settings.IMAGEGEN_MODEL_VERSION,
+                          status="done", progress_step=20, progress_total=20, scheduled_at=now, started_at=now,
+                          finished_at=now) for k in range(n)]
+    GenerationJob.objects.bulk_create(jobs)
+    GeneratedImage.objects.bulk_create([
+        GeneratedImage(job=j, index=0, seed=j.seed, storage_key=f"i/{uuid.uuid4().hex}.png", width=64, height=64,
+                       byte_size=1000, sha256=hashlib.sha256(str(j.id).encode()).hexdigest()) for j in jobs])
+    return [(str(j.id), users[k % len(users)][1]) for k, j in enumerate(jobs)]
+
+
+def figures(answers: list, seconds: float, cpu: float) -> dict:
+    latencies = [a[1] for a in answers]
+    codes: dict[str, int] = {}
+    for a in answers:
+        codes[str(a[2])] = codes.get(str(a[2]), 0) + 1
+    answered = [a for a in answers if isinstance(a[2], int)]
+    span = (max(a[0] + a[1] for a in answers) - min(a[0] for a in answers)) if answers else seconds
+    no_retry_after = sum(1 for a in answers if a[2] in (429, 503) and not a[3])
+    return {
+        "sent": len(answers),
+        "achieved_per_s": round(len(answered) / max(span, 1e-9), 1),
+        "ok_per_s": round(sum(1 for a in answered if 200 <= a[2] < 300) / max(span, 1e-9), 1),
+        "p50_ms": round(1000 * (pct(latencies, 0.5) or 0), 1),
+        "p99_ms": round(1000 * (pct(latencies, 0.99) or 0), 1),
+        "max_ms": round(1000 * max(latencies, default=0), 1),
+        "codes": dict(sorted(codes.items())),
+        "5xx": sum(n for c, n in codes.items() if c.startswith("5")),
+        "429_or_503_without_retry_after": no_retry_after,
+        "web_cpu_ms_per_request": round(1000 * cpu / max(1, len(answered)), 2),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--submit-rates", default="50,100,200,400")
+    p.add_argument("--poll-rates", default="50,100,200,400,800")
+    p.add_argument("--depths", default="0,1000,10000")
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--web-processes", type=int, default=0, help="0: as make run (one per core)")
+    p.add_argument("--web-threads", type=int, default=8)
+    p.add_argument("--users", type=int, default=200)
+    p.add_argument("--poll-targets", type=int, default=200, help="finished and queued jobs each")
+    p.add_argument("--max-connections", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "api_load.json"))
+    a = p.parse_args()
+
+    stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_IMAGE_CLASSIFIER="none", IMAGEGEN_LOG_LEVEL="WARNING",
+                  IMAGEGEN_LOG_FORMAT="plain", IMAGEGEN_USER_MAX_IN_FLIGHT="1000000",
+                  IMAGEGEN_USER_MAX_IMAGES_PER_DAY="100000000", IMAGEGEN_MAX_QUEUED_IMAGES="100000000",
+                  IMAGEGEN_MAX_QUEUE_WAIT="1e12", IMAGEGEN_WEB_PROCESSES=str(a.web_processes),
+                  IMAGEGEN_WEB_THREADS=str(a.web_threads))
+    stack.apply_to_this_process()
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    rng = random.Random(a.seed)
+    port = free_port()
+    result: dict = {"command": "python bench/api_load.py " + " ".join(sys.argv[1:]), "settings": vars(a),
+                    "web_processes": web_processes(stack.env), "web_threads": a.web_threads, "cores": os.cpu_count(),
+                    "cells": []}
+    web = None
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        stack.manage("migrate", "--noinput")
+        users = make_users(a.users)
+        cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
+        gpu = stack.start_worker("gpu0", settings.QUEUE_GPU)
+        for proc in (cpu, gpu):
+            os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
+        log = open(stack.var / "web.log", "ab")
+        web = subprocess.Popen(web_command(stack.env, str(port)), cwd=ROOT, env=stack.env, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or web.poll() is not None:
+                raise RuntimeError("the web tier did not come up; see " + str(stack.var / "web.log"))
+            time.sleep(0.2)
+        stack.wait_for_gpu_workers(settings.IMAGEGEN_MODEL_NAME, 1)
+        finished = done_jobs(a.poll_targets, users)
+        menu = settings.IMAGEGEN_SIZE_MENU
+
+        def submit(r: random.Random) -> bytes:
+            w, h = r.choice(menu)
+            body = json.dumps({"prompt": f"a {r.choice(COLOURS)} {r.choice(KINDS)} on a grey background {r.randrange(10**9)}",
+                               "width": w, "height": h, "steps": 20}).encode()
+            return http("POST", "/api/v1/jobs", r.choice(users)[1], body)
+
+        async def cell(kind: str, rate: float, make) -> dict:
+            load = OpenLoop(port, a.max_connections, a.timeout)
+            await load.run(rate, a.warmup, make, rng)
+            cpu0 = web_cpu_seconds(web)
+            answers = await load.run(rate, a.seconds, make, rng)
+            spent = web_cpu_seconds(web) - cpu0
+            await load.close()
+            return figures(answers, a.seconds, spent)
+
+        for depth in [int(d) for d in a.depths.split(",")]:
+            for kind, rates in (("poll", a.poll_rates), ("submit", a.submit_rates)):
+                for rate in [float(x) for x in rates.split(",")]:
+                    reset_queue()
+                    queued = prefill(max(depth, a.poll_targets if kind == "poll" else depth), users, rng)
+                    targets = queued[:: max(1, len(queued) // a.poll_targets)][: a.poll_targets] + finished
+
+                    def poll(r: random.Random, targets=targets) -> bytes:
+                        job_id, token = r.choice(targets)
+                        return http("GET", f"/api/v1/jobs/{job_id}", token)
+
+                    time.sleep(1.0)  # let the summary settle, as it would in steady traffic
+                    f = asyncio.run(cell(kind, rate, submit if kind == "submit" else poll))
+                    f.update(kind=kind, offered_per_s=rate, depth=depth, queued_at_start=len(queued),
+                             load_average_1m=round(os.getloadavg()[0], 2))
+                    result["cells"].append(f)
+                    print(f"{kind:6} depth {depth:>5} offered {rate:>5.0f}/s: achieved {f['achieved_per_s']:>6}/s "
+                          f"(2xx {f['ok_per_s']}/s) "
+                          f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
+                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']}", flush=True)
+    finally:
+        if web is not None:
+            stop_group(web, 20)
+        stack.close()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
