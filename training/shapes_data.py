@@ -13,7 +13,7 @@ Example captions::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -109,7 +109,7 @@ def caption_for(gt: SampleGT, with_size: bool | list[bool] = True) -> str:
     if isinstance(with_size, bool):
         with_size = [with_size] * len(gt.shapes)
     parts = []
-    for sh, ws in zip(gt.shapes, with_size):
+    for sh, ws in zip(gt.shapes, with_size, strict=True):
         parts.append(f"a {sh.size} {sh.colour} {sh.kind}" if ws else f"a {sh.colour} {sh.kind}")
     return " and ".join(parts) + f" on a {gt.background} background"
 

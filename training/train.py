@@ -19,9 +19,7 @@ import argparse
 import copy
 import json
 import math
-import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -289,10 +287,14 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
     state_path = Path(args.state)
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
-        unet.load_state_dict(st["unet"]); te.load_state_dict(st["te"])
-        ema_unet.load_state_dict(st["ema_unet"]); ema_te.load_state_dict(st["ema_te"])
-        opt.load_state_dict(st["opt"]); sched.load_state_dict(st["sched"])
-        torch.set_rng_state(st["torch_rng"]); rng.bit_generator.state = st["np_rng"]
+        unet.load_state_dict(st["unet"])
+        te.load_state_dict(st["te"])
+        ema_unet.load_state_dict(st["ema_unet"])
+        ema_te.load_state_dict(st["ema_te"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        torch.set_rng_state(st["torch_rng"])
+        rng.bit_generator.state = st["np_rng"]
         start = st["step"]
         log(f"resumed from step {start}")
 
@@ -300,10 +302,11 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         decay = min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
             for src, dst in ((unet, ema_unet), (te, ema_te)):
-                for ps, pd in zip(src.parameters(), dst.parameters()):
+                for ps, pd in zip(src.parameters(), dst.parameters(), strict=True):
                     pd.mul_(decay).add_(ps.detach(), alpha=1 - decay)
 
-    unet.train(); te.train()
+    unet.train()
+    te.train()
     t0 = time.time()
     loss_avg = None
     for step in range(start, args.steps):

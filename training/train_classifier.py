@@ -97,8 +97,8 @@ def evaluate(model, imgs, ys, bs=500) -> dict:
     return {
         "n": int(len(ys)),
         "exact_match_at_0.5": float((pred == (ys > 0.5)).all(1).mean()),
-        "per_label_accuracy_at_0.5": {l: float((pred[:, i] == (ys[:, i] > 0.5)).mean())
-                                      for i, l in enumerate(DEFAULT_LABELS)},
+        "per_label_accuracy_at_0.5": {label: float((pred[:, i] == (ys[:, i] > 0.5)).mean())
+                                      for i, label in enumerate(DEFAULT_LABELS)},
         "single_shape_top1": float((probs[single].argmax(1) == ys[single].argmax(1)).mean()),
         "star_recall_at_0.5": float(pred[ys[:, star] > 0.5, star].mean()),
         "star_false_positive_rate_at_0.5": float(pred[ys[:, star] < 0.5, star].mean()),
