@@ -11,12 +11,13 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from jobs.client_gone import ClientGone  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.ws_auth import TokenOrSessionAuthMiddleware  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": ClientGone(django_asgi_app),
         "websocket": AllowedHostsOriginValidator(
             TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns))
         ),

@@ -4,7 +4,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health
 from imagegen.metrics_view import metrics_view
-from jobs import delete_views, openai_api, regenerate, sse, staff_views, views, web
+from jobs import delete_views, openai_api, regenerate, signin, sse, staff_views, views, web
+
+# Sign-in failures are throttled per account and per IP on both sign-in pages (jobs/signin.py).
+admin.site.login_form = signin.AdminSigninForm
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -26,6 +29,7 @@ urlpatterns = [
     path("v1/images/generations", openai_api.ImageGenerations.as_view(), name="openai-images-generations"),
     path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
     path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
+    path("accounts/login/", signin.LoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", web.index, name="index"),

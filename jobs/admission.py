@@ -210,9 +210,12 @@ class Refused(Exception):
 
 
 def check_user_limits(user, images: int) -> None:
-    from jobs.models import GenerationJob
+    """Refused past the user's in-flight jobs, review cases or daily images (charged GPU work
+    plus what their unfinished jobs reserve, jobs/usage.py). Atomic with the insert only when
+    called inside the submit's transaction after usage.lock_user (jobs/submit.py)."""
+    from jobs import usage
 
-    in_flight = GenerationJob.objects.filter(owner=user, status__in=["queued", "running"]).count()
+    in_flight = usage.jobs_in_flight(user.pk)
     if in_flight >= settings.IMAGEGEN_USER_MAX_IN_FLIGHT:
         raise Refused(
             f"You have {in_flight} jobs in flight; the limit is {settings.IMAGEGEN_USER_MAX_IN_FLIGHT}. "
@@ -220,18 +223,40 @@ def check_user_limits(user, images: int) -> None:
             retry_after=5,
             limit="jobs_in_flight",
         )
-    since = timezone.now() - timedelta(days=1)
-    used = sum(
-        GenerationJob.objects.filter(owner=user, created_at__gte=since)
-        .exclude(status__in=["blocked", "failed", "cancelled"])
-        .values_list("count", flat=True)
-    )
-    if used + images > settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY:
+    held = usage.review_cases(user.pk)
+    if held >= settings.IMAGEGEN_USER_MAX_IN_REVIEW:
         raise Refused(
-            f"This would take you to {used + images} images in 24 hours; the limit is "
-            f"{settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY} images per day.",
-            retry_after=3600,
+            f"You have {held} jobs waiting for a moderator; the limit is {settings.IMAGEGEN_USER_MAX_IN_REVIEW}. "
+            "Wait for a decision.",
+            retry_after=60,
+            limit="held_for_review",
+        )
+    used = usage.images_charged(user.pk) + usage.images_reserved(user.pk)
+    limit = settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY
+    if used + images > limit:
+        raise Refused(
+            f"This would take you to {used + images} images in 24 hours (images generated or waiting to be); "
+            f"the limit is {limit} images per day.",
+            retry_after=int(usage.seconds_until_charges_free(user.pk, used + images - limit)),
             limit="images_per_day",
+        )
+
+
+def count_prompt_check(user) -> None:
+    """Every prompt check costs the user one unit of IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE,
+    whatever it decides: blocked prompts are work for the cpu queue too. Redis errors propagate
+    (the submit cannot go on without Redis anyway)."""
+    from jobs import ratelimit
+
+    per_minute = settings.IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE
+    if per_minute <= 0:
+        return
+    verdict = ratelimit.take(f"prompt:{user.pk}", per_minute, 60.0)
+    if not verdict.allowed:
+        raise Refused(
+            f"You sent more than {per_minute} prompts to check in a minute. Try again in {verdict.retry_after}s.",
+            retry_after=verdict.retry_after,
+            limit="prompt_checks",
         )
 
 

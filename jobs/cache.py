@@ -2,10 +2,21 @@
 reuses the stored image instead of spending the GPU again.
 
 Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
-guidance, scheduler, per-image seed, safety policy version), scoped globally or per user.
-Value: the id of a stored image. An entry is served only while its image is delivered
-(public tier, job done, image verdict allow) and its bytes exist; anything else is a miss and
-the entry is dropped.
+guidance, scheduler, per-image seed, safety policy version), with the owner in the key for the
+per-user scope. Value: the id of a stored image. An entry is served only while its image is
+delivered (public tier, job done, image verdict allow) and its bytes exist; anything else is a
+miss and the entry is dropped.
+
+Scope (IMAGEGEN_CACHE_SCOPE). A shared cache is an oracle: a hit is done in the submit answer,
+so anyone could test in one request whether another user asked for a given (prompt, seed).
+  user             (default) an entry serves only the user whose request made it
+  global-unseeded  requests without an explicit seed are shared (with IMAGEGEN_SEED_POLICY=fixed
+                   that is where repeats come from); seeded ones stay per user. A hit still says
+                   that someone asked for that prompt, so it suits a service whose prompts are
+                   not secret from each other
+  global           every entry serves everyone
+Each delivered image is remembered under both keys (its owner's and the shared one), so the
+scope is decided where the lookup happens and a change of setting applies at once.
 """
 
 from __future__ import annotations
@@ -26,7 +37,16 @@ HITS_KEY = f"{PREFIX}stats:cache_hits"
 MISSES_KEY = f"{PREFIX}stats:cache_misses"
 
 
-def request_key(job, index: int, owner_id=None) -> str:
+SCOPES = ("user", "global-unseeded", "global")
+
+
+def shares(seed_given: bool) -> bool:
+    """Whether a request may be served from (and seen in) the shared entries under the scope."""
+    scope = settings.IMAGEGEN_CACHE_SCOPE
+    return scope == "global" or (scope == "global-unseeded" and not seed_given)
+
+
+def request_key(job, index: int, owner_id=None, shared: bool = False) -> str:
     canonical = {
         "model": job.model_version,
         "prompt": job.prompt,
@@ -39,7 +59,7 @@ def request_key(job, index: int, owner_id=None) -> str:
         "seed": int(job.seed) + index,
         "policy": policy_version(),
     }
-    if settings.IMAGEGEN_CACHE_SCOPE == "user":
+    if not shared:
         canonical["owner"] = owner_id if owner_id is not None else job.owner_id
     digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
     return f"{PREFIX}rc:{digest}"
@@ -61,14 +81,19 @@ def _servable(image_id: str):
     return image
 
 
-def lookup(job) -> dict[int, object]:
-    """index -> a servable cached image, for the indices that hit."""
+def lookup(job, shared: bool = False) -> dict[int, object]:
+    """index -> a servable cached image, for the indices that hit: the owner's own entries,
+    and with `shared` (see shares()) the shared ones."""
     if not settings.IMAGEGEN_CACHE_ENABLED:
         return {}
     r = get_redis()
-    keys = [request_key(job, i) for i in range(job.count)]
+    scopes = (False, True) if shared else (False,)
+    keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in scopes]
     found = {}
-    for index, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+    for n, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+        index = n // len(scopes)
+        if index in found:
+            continue
         image = _servable(image_id) if image_id else None
         if image is not None:
             found[index] = image
@@ -90,7 +115,8 @@ def remember(job) -> None:
         return  # a moderator-approved prompt is never reused for someone else without review
     pipe = get_redis().pipeline()
     for image in job.images.filter(tier="public"):
-        pipe.set(request_key(job, image.index), str(image.id), ex=TTL_SECONDS)
+        for shared in (False, True):
+            pipe.set(request_key(job, image.index, shared=shared), str(image.id), ex=TTL_SECONDS)
     pipe.execute()
 
 

@@ -81,7 +81,8 @@ def main() -> int:
 
         redis_proc, url = start_redis(var / "redis")
         env["REDIS_URL"] = url
-        log(f"private Redis at {url}")
+        # The URL carries the generated password: say where it is, not what it is.
+        log(f"private Redis at 127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]} (password in {var / 'redis' / 'password'})")
 
     children: list[Child] = []
     try:
@@ -101,7 +102,9 @@ def main() -> int:
             log("no shipped image classifier: running with IMAGEGEN_IMAGE_CLASSIFIER=none (verdicts say unchecked)")
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", env=env)
-        token = manage("issue_token", "demo", "--password", "demo", env=env).strip().splitlines()[-1]
+        # Tokens are stored hashed and shown once: each start issues the demo user a new one
+        # and revokes the previous.
+        token = manage("issue_token", "demo", "--password", "demo", "--rotate", env=env).strip().splitlines()[-1]
 
         gpu_queue = env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
         classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")

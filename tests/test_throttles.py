@@ -5,6 +5,7 @@ websockets and SSE streams (over daphne)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -102,11 +103,14 @@ def test_a_user_cannot_hold_more_open_streams_than_the_cap(worker_env, transacti
             opened, refused = [], []
             for _ in range(8):
                 ws = await websockets.connect(url, origin=server.origin, additional_headers=auth(alice), open_timeout=10)
-                try:
-                    first = await asyncio.wait_for(ws.recv(), 10)
+                first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if first["type"] == "status":
                     opened.append((ws, first))
-                except websockets.ConnectionClosed as exc:
-                    refused.append(exc.rcvd.code if exc.rcvd else None)
+                    continue
+                assert first["type"] == "error" and first["limit"] == "streams" and first["retry_after"] >= 1, first
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 10)
+                refused.append(closed.value.rcvd.code if closed.value.rcvd else None)
             async with httpx.AsyncClient(timeout=10) as http:
                 over = await http.get(sse, headers=auth(alice))
                 for ws, _ in opened[:2]:

@@ -136,19 +136,22 @@ def test_streams_opened_while_redis_is_down_are_refused_at_once_with_a_retry_hin
         assert sse.status_code == 503 and int(sse.headers["retry-after"]) >= 1, sse.status_code
         assert time.monotonic() - started < 10
 
-        async def websocket_close():
+        async def websocket_refusal():
             url = f"{slice_.web.ws_url}/ws/jobs/{job.id}/"
+            frames = []
             try:
                 async with websockets.connect(url, origin=slice_.web.origin, additional_headers=auth(alice), open_timeout=10) as ws:
-                    await asyncio.wait_for(ws.recv(), 15)
+                    while True:
+                        frames.append(json.loads(await asyncio.wait_for(ws.recv(), 15)))
             except websockets.ConnectionClosed as exc:
-                return exc.rcvd.code if exc.rcvd else None, exc.rcvd.reason if exc.rcvd else ""
+                return exc.rcvd.code if exc.rcvd else None, frames
             except websockets.InvalidStatus as exc:
-                return exc.response.status_code, ""
-            return "open", ""
+                return exc.response.status_code, frames
 
-        code, reason = asyncio.run(websocket_close())
-        assert code == 1013 and "retry" in reason.lower(), (code, reason)
+        started = time.monotonic()
+        code, frames = asyncio.run(websocket_refusal())
+        assert code == 4503 and time.monotonic() - started < 10, (code, frames)
+        assert [f["type"] for f in frames] == ["error"] and frames[0]["retry_after"] >= 1, frames
     finally:
         slice_.start_again()
 

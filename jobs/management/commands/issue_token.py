@@ -1,18 +1,23 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-from rest_framework.authtoken.models import Token
+
+from jobs import tokens
 
 
 class Command(BaseCommand):
-    help = "Create USERNAME if needed and print an API token for it (the token is the last line)."
+    help = (
+        "Create USERNAME if needed and issue a new API token for it (the token is the last line). "
+        "Tokens are stored hashed: this is the only time the token is shown."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
         parser.add_argument("--password", help="also set this password, for signing in to the web page")
         parser.add_argument("--staff", action="store_true", help="make the user staff (admin access)")
-        parser.add_argument("--rotate", action="store_true", help="revoke the old token and issue a new one")
+        parser.add_argument("--rotate", action="store_true", help="revoke the user's other tokens")
+        parser.add_argument("--name", default="issue_token", help="a label for the token (shown in the admin)")
 
-    def handle(self, username, password, staff, rotate, **options):
+    def handle(self, username, password, staff, rotate, name, **options):
         User = get_user_model()
         user, created = User.objects.get_or_create(username=username)
         if password:
@@ -22,7 +27,8 @@ class Command(BaseCommand):
         if created or password or staff:
             user.save()
         if rotate:
-            Token.objects.filter(user=user).delete()
-        token, _ = Token.objects.get_or_create(user=user)
-        self.stdout.write(f"{'created' if created else 'found'} user {username}")
-        self.stdout.write(token.key)
+            revoked = tokens.revoke_all(user)
+            self.stdout.write(f"revoked {revoked} token(s)")
+        token = tokens.issue(user, name=name)
+        self.stdout.write(f"{'created' if created else 'found'} user {username}; new token (shown once, stored hashed):")
+        self.stdout.write(token)
