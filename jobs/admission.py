@@ -231,13 +231,18 @@ def check_user_limits(user, images: int) -> None:
             retry_after=60,
             limit="held_for_review",
         )
-    used = usage.images_charged(user.pk) + usage.images_reserved(user.pk)
+    charged = usage.images_charged(user.pk)
+    used = charged + usage.images_reserved(user.pk)
     limit = settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY
     if used + images > limit:
+        # Over on charges alone: when enough of them age out of the 24 h. Otherwise the images of
+        # waiting jobs are in the way, and one of those may end (or be cancelled) any time.
+        over = charged + images - limit
+        retry = usage.seconds_until_charges_free(user.pk, over) if over > 0 else 60
         raise Refused(
             f"This would take you to {used + images} images in 24 hours (images generated or waiting to be); "
             f"the limit is {limit} images per day.",
-            retry_after=int(usage.seconds_until_charges_free(user.pk, used + images - limit)),
+            retry_after=int(retry),
             limit="images_per_day",
         )
 

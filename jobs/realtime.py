@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 import weakref
@@ -157,8 +158,11 @@ class _Reader:
         self.channel_ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._keep_joined()),
-                      asyncio.create_task(self._reread())]
+        # A context of their own: a reader outlives the request that started it (an SSE stream,
+        # an OpenAI-compatible wait), whose thread-sensitive context would otherwise pin its
+        # database reads to that request's executor thread after the request ended.
+        self.tasks = [asyncio.create_task(coro, context=contextvars.Context())
+                      for coro in (self._receive(), self._keep_joined(), self._reread())]
 
     async def stop(self) -> None:
         for task in self.tasks:
