@@ -209,13 +209,18 @@ class Refused(Exception):
         self.limit = limit
 
 
-def check_user_limits(user, images: int) -> None:
-    """Refused past the user's in-flight jobs, review cases or daily images (charged GPU work
-    plus what their unfinished jobs reserve, jobs/usage.py). Atomic with the insert only when
-    called inside the submit's transaction after usage.lock_user (jobs/submit.py)."""
+def check_user_limits(user, images: int | None) -> None:
+    """Refused past the user's in-flight jobs or daily images (charged GPU work plus what their
+    unfinished jobs reserve, jobs/usage.py). Atomic with the insert only when called inside the
+    submit's transaction after usage.lock_user (jobs/submit.py); `images` None: the early,
+    unlocked check of the in-flight limit alone, so a user at it costs no estimate. (Cases held
+    for review are bounded where they are made: the prompt gate and appeals.)"""
     from jobs import usage
 
-    in_flight = usage.jobs_in_flight(user.pk)
+    if images is None:
+        in_flight, reserved = usage.jobs_in_flight(user.pk), 0
+    else:
+        in_flight, reserved = usage.unfinished(user.pk)
     if in_flight >= settings.IMAGEGEN_USER_MAX_IN_FLIGHT:
         raise Refused(
             f"You have {in_flight} jobs in flight; the limit is {settings.IMAGEGEN_USER_MAX_IN_FLIGHT}. "
@@ -223,16 +228,10 @@ def check_user_limits(user, images: int) -> None:
             retry_after=5,
             limit="jobs_in_flight",
         )
-    held = usage.review_cases(user.pk)
-    if held >= settings.IMAGEGEN_USER_MAX_IN_REVIEW:
-        raise Refused(
-            f"You have {held} jobs waiting for a moderator; the limit is {settings.IMAGEGEN_USER_MAX_IN_REVIEW}. "
-            "Wait for a decision.",
-            retry_after=60,
-            limit="held_for_review",
-        )
+    if images is None:
+        return
     charged = usage.images_charged(user.pk)
-    used = charged + usage.images_reserved(user.pk)
+    used = charged + reserved
     limit = settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY
     if used + images > limit:
         # Over on charges alone: when enough of them age out of the 24 h. Otherwise the images of

@@ -19,16 +19,16 @@ def submit_job(owner, data: dict) -> GenerationJob:
     and its prompt check dispatched after commit. Raises admission.Refused (429) past the
     user's limits or the honest wait limit. The job's estimate is left on job.estimate.
 
-    The user's limits are checked twice: first without a lock, so a user already over them
-    costs no estimate, then inside the transaction that inserts the job, under the user's lock
-    (jobs/usage.py), so concurrent submits cannot all pass one count."""
+    The user's limits are checked twice: the in-flight limit first without a lock, so a user at
+    it costs no estimate, then all of them inside the transaction that inserts the job, under
+    the user's lock (jobs/usage.py), so concurrent submits cannot all pass one count."""
     from jobs.tasks import check_prompt
 
     seed = data.get("seed")
     shared = cache.shares(seed_given=seed is not None)
     if seed is None:
         seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
-    admission.check_user_limits(owner, 0)
+    admission.check_user_limits(owner, None)
     job = GenerationJob(
         owner=owner,
         prompt=data["prompt"],

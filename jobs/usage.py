@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
-from django.db.models import Q, Sum
+from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
 from jobs.models import GenerationJob, JobStatus, UsageCharge
@@ -32,6 +32,15 @@ def lock_user(user_id) -> None:
 
 def jobs_in_flight(user_id) -> int:
     return GenerationJob.objects.filter(owner_id=user_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).count()
+
+
+def unfinished(user_id) -> tuple[int, int]:
+    """(jobs in flight, images reserved by unfinished jobs not claimed yet), in one query."""
+    row = GenerationJob.objects.filter(owner_id=user_id, status__in=UNFINISHED).aggregate(
+        in_flight=Count("id", filter=Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING])),
+        reserved=Sum("billable_images", filter=Q(charged_at=None)),
+    )
+    return row["in_flight"] or 0, row["reserved"] or 0
 
 
 def review_cases(user_id) -> int:
