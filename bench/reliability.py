@@ -20,6 +20,8 @@ Scenarios (each returns a dict of counts; see docs/reliability.md):
   storage     uploads fail transiently / always: retried, never a row without bytes
   load        rising open-loop submit rates against daphne: 429 + Retry-After past capacity, no 5xx
   fuzz        property-based bodies, headers, query strings and paths (hypothesis): no 5xx, nothing stored
+  abuse       per-user limits under concurrency and abuse (bench/reliability_abuse.py)
+  watchers    websockets and SSE through a Redis restart, and opened while it is down
 The functions that need no stack (db, classifier, storage, fuzz) also run inside pytest against
 the test session's own workers (tests/test_reliability.py, tests/test_abuse.py).
 """
@@ -42,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TERMINAL = ("done", "failed", "blocked", "cancelled")
-ALL_SCENARIOS = ("fuzz", "db", "storage", "classifier", "kills", "redis", "load")
+ALL_SCENARIOS = ("fuzz", "db", "storage", "classifier", "kills", "redis", "load", "abuse", "watchers")
 
 SIZES = {
     "full": {"kill_jobs": 200, "max_kills": 10, "redis_jobs": 40, "classifier_jobs": 40, "fuzz_requests": 10000,
@@ -66,11 +68,14 @@ def api_client(token: str):
 
 
 def user_token(username: str) -> str:
+    """A new API token for the user (created if needed); tokens are stored hashed, so each call
+    issues one."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from jobs.tokens import issue
 
     user, _ = get_user_model().objects.get_or_create(username=username)
-    return Token.objects.get_or_create(user=user)[0].key
+    return issue(user, name="bench")
 
 
 def submit_many(client, n: int, tag: str, steps: int, counts=(1, 2), size=(64, 64)) -> list[str]:
@@ -695,7 +700,7 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
     st, odd_text, body = fuzz_strategies()
     stats = {"requests": 0, "5xx": 0, "by_status": {}, "rows_from_invalid": 0, "accepted": 0, "accepted_bad_owner": 0,
              "failures": []}
-    owner_id = __import__("rest_framework.authtoken.models", fromlist=["Token"]).Token.objects.get(key=token).user_id
+    owner_id = __import__("jobs.tokens", fromlist=["user_for_token"]).user_for_token(token).pk
 
     def record(what: str, call) -> int:
         stats["requests"] += 1
@@ -836,6 +841,13 @@ def build_stack(steps: int):
         "IMAGEGEN_USER_MAX_IN_FLIGHT": "100000",
         "IMAGEGEN_USER_MAX_IMAGES_PER_DAY": "1000000",
         "IMAGEGEN_MAX_QUEUED_IMAGES": "100000",
+        # ... and send far more than a person would, as one user, from 127.0.0.1: the abuse
+        # limits are off here; the abuse scenario starts a web process with them on.
+        "IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE": "0",
+        "IMAGEGEN_USER_MAX_IN_REVIEW": "100000",
+        "IMAGEGEN_USER_MAX_STREAMS": "100000",
+        "IMAGEGEN_THROTTLE_USER": "off",
+        "IMAGEGEN_THROTTLE_IP": "off",
         "IMAGEGEN_UPLOAD_BACKOFF": "0.01",
         "IMAGEGEN_LOG_FORMAT": "plain",
         "IMAGEGEN_CDN_PURGE_HOOK": "tests.fake_classifiers:record_purge",
@@ -878,7 +890,7 @@ def main(argv=None) -> dict:
         stack.manage("migrate", "--noinput")
         token = user_token("reliability")
         client = api_client(token)
-        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO}", beat=True)
+        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
         for name in ALL_SCENARIOS:
             if name not in only:
                 continue
@@ -904,6 +916,14 @@ def main(argv=None) -> dict:
                 res = scenario_redis(stack, client, size["redis_jobs"], size["steps"], mid_submit=args.full)
             elif name == "load":
                 res = run_load(stack, size)
+            elif name == "abuse":
+                from bench.reliability_abuse import scenario_abuse
+
+                res = scenario_abuse(stack, size)
+            elif name == "watchers":
+                from bench.reliability_abuse import scenario_watchers
+
+                res = scenario_watchers(stack, size)
             res["seconds"] = round(time.monotonic() - t0, 1)
             result["scenarios"][name] = res
             print(json.dumps(summary_of(name, res)), flush=True)
@@ -997,6 +1017,8 @@ def summary_of(name: str, r: dict) -> dict:
         "load": ["5xx", "429", "429_without_retry_after", "errors", "accepted_total", "accepted_lost", "duplicated",
                  "delivered_unchecked"],
         "fuzz": ["requests", "5xx", "rows_from_invalid", "accepted", "accepted_bad_owner", "by_status"],
+        "abuse": ["concurrent_submits", "prompt_check_rate_off", "prompt_check_rate_on", "websockets_on_one_job"],
+        "watchers": ["jobs", "statuses", "ws", "sse", "opened_while_redis_down"],
     }[name]
     out = {k: r.get(k) for k in keys}
     if name == "load":

@@ -78,6 +78,7 @@ class Service:
             "IMAGEGEN_MODEL_VERSION": "tiny-random",
             "IMAGEGEN_IMAGE_CLASSIFIER": "none",
             "IMAGEGEN_TORCH_THREADS": "1",
+            "IMAGEGEN_USER_MAX_STREAMS": "100000",  # 50 watchers of one user: past the per-user stream cap
         }
         self.env.pop("DATABASE_URL", None)
         self.manage("make_tiny_pipeline", str(self.var / "models" / "tiny-random"))

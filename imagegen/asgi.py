@@ -23,9 +23,13 @@ from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.urls import Resolver404, get_resolver  # noqa: E402
 
 from imagegen.threaded_http import ThreadedWSGI  # noqa: E402
+from jobs.client_gone import ClientGone  # noqa: E402
 from jobs.routing import websocket_urlpatterns  # noqa: E402
 from jobs.ws_auth import TokenOrSessionAuthMiddleware  # noqa: E402
 
+# Async views (the OpenAI-compatible wait, SSE) run on the event loop; ClientGone tells a waiting
+# view its client has left (Django cannot cancel it past the sync-only WhiteNoise middleware).
+async_http_app = ClientGone(django_asgi_app)
 websocket_app = AllowedHostsOriginValidator(TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns)))
 threaded_app = ThreadedWSGI(
     WSGIHandler(),
@@ -58,7 +62,7 @@ async def _lifespan(receive, send) -> None:
 async def application(scope, receive, send):
     if scope["type"] == "http":
         if is_async_view(scope["path"]):
-            await django_asgi_app(scope, receive, send)
+            await async_http_app(scope, receive, send)
         else:
             await threaded_app(scope, receive, send)
     elif scope["type"] == "websocket":

@@ -7,6 +7,8 @@ default the operator did not choose.
 from __future__ import annotations
 
 import os
+import re
+from functools import lru_cache
 
 
 class ImproperlyConfiguredEnv(ValueError):
@@ -87,3 +89,35 @@ def env_caps(name: str) -> dict[str, int]:
         except ValueError as exc:
             raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not WIDTHxHEIGHT:CAP") from exc
     return caps
+
+
+_UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+?)s?\s*$")
+
+
+@lru_cache(maxsize=64)
+def parse_rate(rate: str) -> tuple[int, float] | None:
+    """"120/min" -> (120, 60.0); "10/15min" -> (10, 900.0); "", "off" or "0" -> None (no limit)."""
+    if rate.strip().lower() in ("", "off", "none", "0"):
+        return None
+    match = _RATE.match(rate.lower())
+    if match is None or match.group(3) not in _UNITS:
+        raise ValueError(f"{rate!r} is not a rate such as 120/min, 10/s, 1000/hour or 10/15min")
+    return int(match.group(1)), float(int(match.group(2) or 1) * _UNITS[match.group(3)])
+
+
+def env_rate(name: str, default: str) -> str:
+    """A request rate such as "120/min" (or "off"), checked at start-up."""
+    value = env_str(name, default)
+    try:
+        parse_rate(value)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}: {exc}") from exc
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env_str(name, default)
+    if value not in choices:
+        raise ImproperlyConfiguredEnv(f"{name}={value!r} is not one of {', '.join(choices)}")
+    return value

@@ -4,6 +4,10 @@ Counters and histograms live in Redis (one HINCRBYFLOAT per update, pipelined), 
 /metrics on any web process sees what every Celery worker did. Gauges about the queue, the
 review queue, stored bytes and outcomes are computed from Redis and the database at scrape
 time. Updating a metric never raises: metrics must not fail a generation.
+
+Counts of things that rows also record (jobs by status, safety verdicts) are counters here too,
+incremented when the change commits: computed from rows they would fall when rows are deleted,
+and a Prometheus counter must only go up.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ BUCKETS = {
 
 HELP = {
     "imagegen_images_generated_total": "Images produced by the pipeline",
+    "imagegen_jobs_total": "Jobs entering each status (transitions, counted on commit), by model version; terminal statuses are outcomes",
+    "imagegen_safety_decisions_total": "Safety verdicts recorded, by stage, category and decision",
     "imagegen_batches_total": "Pipeline passes run",
     "imagegen_gpu_seconds_total": "GPU-seconds spent in pipeline passes, per worker",
     "imagegen_requeues_total": "Jobs requeued after their worker was lost",
@@ -53,6 +59,26 @@ def inc(name: str, value: float = 1.0, **labels) -> None:
         get_redis().hincrbyfloat(f"{PREFIX}m:c:{name}", _labels_key(labels), value)
     except Exception:
         log.warning("metric %s not recorded", name, exc_info=True)
+
+
+def inc_on_commit(name: str, value: float = 1.0, **labels) -> None:
+    """inc() once the current transaction commits (at once outside one): a rolled-back change
+    is never counted."""
+    if value:
+        from django.db import transaction
+
+        transaction.on_commit(lambda: inc(name, value, **labels))
+
+
+def count_jobs(status: str, version: str, n: int = 1) -> None:
+    """n jobs of this model version entered `status` (on commit)."""
+    inc_on_commit("imagegen_jobs_total", n, status=str(status), version=version)
+
+
+def count_verdicts(verdicts) -> None:
+    """Safety verdicts recorded (on commit), by stage, category and decision."""
+    for v in verdicts:
+        inc_on_commit("imagegen_safety_decisions_total", stage=v.stage, category=v.category or "-", decision=v.decision)
 
 
 def observe(name: str, value: float, **labels) -> None:

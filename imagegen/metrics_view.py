@@ -1,5 +1,5 @@
 """GET /metrics: Prometheus text, gathered from Redis (counters, histograms) and computed
-gauges (queue, workers, review queue, outcomes, stored bytes, views)."""
+gauges (queue, workers, review queue, jobs in each status, stored bytes, views)."""
 
 from __future__ import annotations
 
@@ -87,20 +87,17 @@ class ImagegenCollector:
         yield busy
 
     def _database(self):
+        # imagegen_jobs_total and imagegen_safety_decisions_total are counters kept in Redis
+        # (imagegen.metrics.count_jobs / count_verdicts): counted from rows, they fell when
+        # rows were deleted. What is here now is gauges: the current state of the rows.
         from jobs.actions import review_queue
         from jobs.models import GeneratedImage, GenerationJob
-        from safety.models import SafetyVerdict
 
-        outcomes = CounterMetricFamily(
-            "imagegen_jobs", "Jobs by status and model version (terminal statuses are outcomes)", labels=["status", "version"]
-        )
+        current = GaugeMetricFamily("imagegen_jobs_in_status", "Jobs now in each status, by model version",
+                                    labels=["status", "version"])
         for row in GenerationJob.objects.values("status", "model_version").annotate(n=Count("id")):
-            outcomes.add_metric([row["status"], row["model_version"]], row["n"])
-        yield outcomes
-        decisions = CounterMetricFamily("imagegen_safety_decisions", "Safety verdicts", labels=["stage", "category", "decision"])
-        for row in SafetyVerdict.objects.values("stage", "category", "decision").annotate(n=Count("id")):
-            decisions.add_metric([row["stage"], row["category"] or "-", row["decision"]], row["n"])
-        yield decisions
+            current.add_metric([row["status"], row["model_version"]], row["n"])
+        yield current
         review = GaugeMetricFamily("imagegen_review_queue_depth", "Cases waiting for a moderator")
         review.add_metric([], review_queue().count())
         yield review

@@ -6,16 +6,44 @@ from pathlib import Path
 
 import dj_database_url
 
-from imagegen.env import env_bool, env_caps, env_float, env_int, env_list, env_sizes, env_str
+from imagegen.env import (
+    env_bool,
+    env_caps,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_rate,
+    env_sizes,
+    env_str,
+)
+from imagegen.secret_key import installation_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("IMAGEGEN_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-# The embedded default runs on loopback with a generated key; production must set its own.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-embedded-default-key" if env_bool("IMAGEGEN_EMBEDDED", True) else None)
+EMBEDDED = env_bool("IMAGEGEN_EMBEDDED", True)
+# The embedded default runs on loopback with a key generated for this installation and kept in
+# the var folder (imagegen/secret_key.py); production must set its own (no default then).
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") if EMBEDDED else env_str("DJANGO_SECRET_KEY")
+SECRET_KEY = SECRET_KEY or installation_secret_key(VAR_DIR)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# --- HTTPS (production): `manage.py check --deploy` passes with IMAGEGEN_EMBEDDED=false, a
+# secret key and the allowed hosts; the embedded default serves plain HTTP on loopback. ---
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not EMBEDDED)
+# Probes and scrapes come over plain HTTP from inside the deployment.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if EMBEDDED else 31536000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not EMBEDDED)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", not EMBEDDED)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not EMBEDDED)
+# Behind a TLS-terminating proxy that sets it (and strips it from clients): e.g.
+# "HTTP_X_FORWARDED_PROTO,https". Without it, SSL redirect behind such a proxy loops.
+_proxy_header = env_list("DJANGO_SECURE_PROXY_SSL_HEADER", [])
+SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1]) if len(_proxy_header) == 2 else None
 
 INSTALLED_APPS = [
     "daphne",
@@ -26,7 +54,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "channels",
     "jobs",
     "safety",
@@ -188,14 +215,35 @@ IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)
 
 # --- request-hash cache and admission control ---
 IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
-IMAGEGEN_CACHE_SCOPE = env_str("IMAGEGEN_CACHE_SCOPE", "global")  # global | user
+# user (default): an entry serves only its owner; global-unseeded: requests without a seed are
+# shared; global: all are. A shared cache tells anyone whether someone asked for the same thing
+# (jobs/cache.py, README "Limits and abuse").
+IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "user", ("user", "global-unseeded", "global"))
 IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
 IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
 IMAGEGEN_MAX_QUEUE_WAIT = env_float("IMAGEGEN_MAX_QUEUE_WAIT", 120.0)  # seconds; past it: 429 or degrade
 IMAGEGEN_DEGRADE_STEPS = env_int("IMAGEGEN_DEGRADE_STEPS", 8)
 IMAGEGEN_MAX_QUEUED_IMAGES = env_int("IMAGEGEN_MAX_QUEUED_IMAGES", 2000)
 IMAGEGEN_USER_MAX_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_IN_FLIGHT", 16)
-IMAGEGEN_USER_MAX_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_IMAGES_PER_DAY", 1000)
+IMAGEGEN_USER_MAX_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_IMAGES_PER_DAY", 1000)  # GPU images claimed in 24 h
+# Every prompt check counts, whatever it decides (blocked prompts cost the cpu queue too).
+IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE = env_int("IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE", 60)
+# Cases one user may have in the moderators' queue (held jobs and undecided appeals).
+IMAGEGEN_USER_MAX_IN_REVIEW = env_int("IMAGEGEN_USER_MAX_IN_REVIEW", 5)
+# Open websockets and SSE streams per user, together (across web processes, in Redis).
+IMAGEGEN_USER_MAX_STREAMS = env_int("IMAGEGEN_USER_MAX_STREAMS", 32)
+# Watchers re-read their job's row this often (a final event lost with Redis still arrives),
+# and each web process re-joins the job's channel-layer group (a restarted Redis forgot it).
+IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
+# API request rates (DRF throttles counted in the shared Redis, jobs/throttles.py): per
+# signed-in user (all their tokens and sessions) and per client IP; "off" disables one.
+IMAGEGEN_THROTTLE_USER = env_rate("IMAGEGEN_THROTTLE_USER", "120/min")
+IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
+# Proxies in front of the web processes that append to X-Forwarded-For (0: use the peer address).
+IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
+# Sign-in: failures per account and per IP within the window, then locked until it slides.
+IMAGEGEN_SIGNIN_MAX_FAILURES = env_int("IMAGEGEN_SIGNIN_MAX_FAILURES", 10)
+IMAGEGEN_SIGNIN_WINDOW_SECONDS = env_float("IMAGEGEN_SIGNIN_WINDOW_SECONDS", 900.0)
 # Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
 IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
 
@@ -273,9 +321,11 @@ CHANNEL_LAYERS = {
 REST_FRAMEWORK = {
     # Token first, so a request without credentials gets 401 with WWW-Authenticate.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "jobs.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.throttles.UserRateThrottle", "jobs.throttles.IPRateThrottle"],
+    "NUM_PROXIES": IMAGEGEN_NUM_PROXIES,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
@@ -324,6 +374,8 @@ SPECTACULAR_SETTINGS = {
 
 # --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
 IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
+# A client that hangs up before its job finishes never gets the images: cancel the job.
+IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT = env_bool("IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT", True)
 
 # --- object storage on S3, retention tiers, regeneration (issue 7; docs/storage.md) ---
 # Unset IMAGEGEN_S3_BUCKET keeps the embedded default: local folders under VAR_DIR.

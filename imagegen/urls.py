@@ -4,7 +4,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health
 from imagegen.metrics_view import metrics_view
-from jobs import delete_views, openai_api, openai_compat, regenerate, sse, staff_views, views, web
+from jobs import delete_views, openai_api, openai_compat, regenerate, signin, sse, staff_views, views, web
+
+# Sign-in failures are throttled per account and per IP on both sign-in pages (jobs/signin.py).
+admin.site.login_form = signin.AdminSigninForm
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -27,6 +30,7 @@ urlpatterns = [
     path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
     path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
     re_path(r"^v1/(?P<path>.*)$", openai_compat.unknown_route, name="openai-unknown"),  # JSON 404s, never HTML
+    path("accounts/login/", signin.LoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),
     path("", web.index, name="index"),

@@ -209,33 +209,18 @@ class Refused(Exception):
         self.limit = limit
 
 
-_NOT_COUNTED = ("blocked", "failed", "cancelled")
+def check_user_limits(user, images: int | None) -> None:
+    """Refused past the user's in-flight jobs or daily images (charged GPU work plus what their
+    unfinished jobs reserve, jobs/usage.py). Atomic with the insert only when called inside the
+    submit's transaction after usage.lock_user (jobs/submit.py); `images` None: the early,
+    unlocked check of the in-flight limit alone, so a user at it costs no estimate. (Cases held
+    for review are bounded where they are made: the prompt gate and appeals.)"""
+    from jobs import usage
 
-
-def _user_usage(user_id) -> tuple[int, int]:
-    """(jobs in flight, images in the last 24 h that count against the daily limit). Plain SQL
-    on the owner index: the ORM's compile of the same conditional aggregate cost more than the
-    query itself on every submit."""
-    from django.db import connection
-
-    from jobs.models import GenerationJob
-
-    q = connection.ops.quote_name
-    since = connection.ops.adapt_datetimefield_value(timezone.now() - timedelta(days=1))
-    sql = (
-        f"SELECT COALESCE(SUM(CASE WHEN {q('status')} IN (%s, %s) THEN 1 ELSE 0 END), 0), "
-        f"COALESCE(SUM(CASE WHEN {q('created_at')} >= %s AND {q('status')} NOT IN (%s, %s, %s) THEN {q('count')} ELSE 0 END), 0) "
-        f"FROM {q(GenerationJob._meta.db_table)} WHERE {q('owner_id')} = %s AND ({q('status')} IN (%s, %s) OR {q('created_at')} >= %s)"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, ["queued", "running", since, *_NOT_COUNTED, user_id, "queued", "running", since])
-        in_flight, used = cursor.fetchone()
-    return int(in_flight), int(used)
-
-
-def check_user_limits(user, images: int) -> None:
-    """429 past the user's jobs in flight or images per day; one indexed query for both."""
-    in_flight, used = _user_usage(user.pk)
+    if images is None:
+        in_flight, reserved = usage.jobs_in_flight(user.pk), 0
+    else:
+        in_flight, reserved = usage.unfinished(user.pk)
     if in_flight >= settings.IMAGEGEN_USER_MAX_IN_FLIGHT:
         raise Refused(
             f"You have {in_flight} jobs in flight; the limit is {settings.IMAGEGEN_USER_MAX_IN_FLIGHT}. "
@@ -243,11 +228,20 @@ def check_user_limits(user, images: int) -> None:
             retry_after=5,
             limit="jobs_in_flight",
         )
-    if used + images > settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY:
+    if images is None:
+        return
+    charged = usage.images_charged(user.pk)
+    used = charged + reserved
+    limit = settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY
+    if used + images > limit:
+        # Over on charges alone: when enough of them age out of the 24 h. Otherwise the images of
+        # waiting jobs are in the way, and one of those may end (or be cancelled) any time.
+        over = charged + images - limit
+        retry = usage.seconds_until_charges_free(user.pk, over) if over > 0 else 60
         raise Refused(
-            f"This would take you to {used + images} images in 24 hours; the limit is "
-            f"{settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY} images per day.",
-            retry_after=3600,
+            f"This would take you to {used + images} images in 24 hours (images generated or waiting to be); "
+            f"the limit is {limit} images per day.",
+            retry_after=int(retry),
             limit="images_per_day",
         )
 
@@ -264,6 +258,24 @@ def _accepted(shape: str) -> None:
     from jobs import queue_summary
 
     queue_summary.note_submit(shape)
+
+
+def count_prompt_check(user) -> None:
+    """Every prompt check costs the user one unit of IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE,
+    whatever it decides: blocked prompts are work for the cpu queue too. Redis errors propagate
+    (the submit cannot go on without Redis anyway)."""
+    from jobs import ratelimit
+
+    per_minute = settings.IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE
+    if per_minute <= 0:
+        return
+    verdict = ratelimit.take(f"prompt:{user.pk}", per_minute, 60.0)
+    if not verdict.allowed:
+        raise Refused(
+            f"You sent more than {per_minute} prompts to check in a minute. Try again in {verdict.retry_after}s.",
+            retry_after=verdict.retry_after,
+            limit="prompt_checks",
+        )
 
 
 def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bool) -> tuple[int, Estimate]:

@@ -2,16 +2,27 @@
 reuses the stored image instead of spending the GPU again.
 
 Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
-guidance, scheduler, per-image seed, safety policy version, the image gate's identity), scoped
-globally or per user. The gate's identity in the key is the one that judged the image (recorded
-on its verdict), and a lookup uses the gate configured now, so an image judged by another
-classifier, or by none, is never served. Value: the id of a stored image. An entry is served
-only while its image is delivered (public tier, job done, an allow verdict by that gate) and its
-bytes exist; anything else is a miss and the entry is dropped. Unchecked images (classifier
-`none`) never enter the cache.
+guidance, scheduler, per-image seed, safety policy version, the image gate's identity), with the
+owner in the key for the per-user scope. The gate's identity in the key is the one that judged
+the image (recorded on its verdict), and a lookup uses the gate configured now, so an image
+judged by another classifier, or by none, is never served. Value: the id of a stored image. An
+entry is served only while its image is delivered (public tier, job done, an allow verdict by
+that gate) and its bytes exist; anything else is a miss and the entry is dropped. Unchecked
+images (classifier `none`) never enter the cache.
 
 The output format is not in the key (the pixels do not depend on it): a hit stored in another
 format is converted (`in_format`), not generated again.
+
+Scope (IMAGEGEN_CACHE_SCOPE). A shared cache is an oracle: a hit is done in the submit answer,
+so anyone could test in one request whether another user asked for a given (prompt, seed).
+  user             (default) an entry serves only the user whose request made it
+  global-unseeded  requests without an explicit seed are shared (with IMAGEGEN_SEED_POLICY=fixed
+                   that is where repeats come from); seeded ones stay per user. A hit still says
+                   that someone asked for that prompt, so it suits a service whose prompts are
+                   not secret from each other
+  global           every entry serves everyone
+Each delivered image is remembered under both keys (its owner's and the shared one), so the
+scope is decided where the lookup happens and a change of setting applies at once.
 """
 
 from __future__ import annotations
@@ -34,7 +45,16 @@ HITS_KEY = f"{PREFIX}stats:cache_hits"
 MISSES_KEY = f"{PREFIX}stats:cache_misses"
 
 
-def request_key(job, index: int, owner_id=None, classifier: str | None = None) -> str:
+SCOPES = ("user", "global-unseeded", "global")
+
+
+def shares(seed_given: bool) -> bool:
+    """Whether a request may be served from (and seen in) the shared entries under the scope."""
+    scope = settings.IMAGEGEN_CACHE_SCOPE
+    return scope == "global" or (scope == "global-unseeded" and not seed_given)
+
+
+def request_key(job, index: int, owner_id=None, shared: bool = False, classifier: str | None = None) -> str:
     canonical = {
         "model": job.model_version,
         "prompt": job.prompt,
@@ -48,7 +68,7 @@ def request_key(job, index: int, owner_id=None, classifier: str | None = None) -
         "policy": policy_version(),
         "gate": classifier if classifier is not None else gate_identity(),
     }
-    if settings.IMAGEGEN_CACHE_SCOPE == "user":
+    if not shared:
         canonical["owner"] = owner_id if owner_id is not None else job.owner_id
     digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
     return f"{PREFIX}rc:{digest}"
@@ -70,14 +90,19 @@ def _servable(image_id: str):
     return image
 
 
-def lookup(job) -> dict[int, object]:
-    """index -> a servable cached image, for the indices that hit."""
+def lookup(job, shared: bool = False) -> dict[int, object]:
+    """index -> a servable cached image, for the indices that hit: the owner's own entries,
+    and with `shared` (see shares()) the shared ones."""
     if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
         return {}
     r = get_redis()
-    keys = [request_key(job, i) for i in range(job.count)]
+    scopes = (False, True) if shared else (False,)
+    keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in scopes]
     found = {}
-    for index, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+    for n, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+        index = n // len(scopes)
+        if index in found:
+            continue
         image = _servable(image_id) if image_id else None
         if image is not None:
             found[index] = image
@@ -102,7 +127,8 @@ def remember(job) -> None:
         judged_by = image.verdicts.filter(stage="image", decision="allow").values_list("classifier", flat=True).first()
         if not judged_by or is_unchecked(judged_by):
             continue  # unchecked (or a cache hit itself, already keyed): never a cache entry
-        pipe.set(request_key(job, image.index, classifier=judged_by), str(image.id), ex=TTL_SECONDS)
+        for shared in (False, True):
+            pipe.set(request_key(job, image.index, shared=shared, classifier=judged_by), str(image.id), ex=TTL_SECONDS)
     pipe.execute()
 
 

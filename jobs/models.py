@@ -5,6 +5,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class JobStatus(models.TextChoices):
@@ -110,6 +111,10 @@ class GenerationJob(models.Model):
     appealed_at = models.DateTimeField(null=True, blank=True)
     appeal_outcome = models.CharField(max_length=16, blank=True, default="")  # "", upheld, overturned
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
+    # The daily quota (jobs/usage.py): images this job makes on the GPU (count less the
+    # request-hash cache hits), reserved while it waits, charged (UsageCharge) when first claimed.
+    billable_images = models.PositiveSmallIntegerField(default=0)
+    charged_at = models.DateTimeField(null=True, blank=True)
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
     scheduled_at = models.DateTimeField(null=True, blank=True)
@@ -183,3 +188,38 @@ class GeneratedImage(models.Model):
 
     def __str__(self) -> str:
         return f"image {self.index} of {self.job_id}"
+
+
+class UsageCharge(models.Model):
+    """GPU work charged to a user when a GPU worker first claimed it (the daily quota counts
+    these). Not a foreign key to the job: deleting the job keeps what it cost."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage_charges")
+    job_id = models.UUIDField(db_index=True)
+    images = models.PositiveIntegerField()
+    image_steps = models.PositiveIntegerField(help_text="images x steps: the GPU work, for accounting")
+    charged_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["user", "charged_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.images} images for {self.user_id} ({self.job_id})"
+
+
+class ApiToken(models.Model):
+    """An API token, stored as the SHA-256 of the token: only a short prefix is kept in clear,
+    to find the row (jobs/tokens.py). The token itself is shown once, when it is issued."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    prefix = models.CharField(max_length=16, db_index=True)
+    digest = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"token {self.prefix}... of {self.user_id}"

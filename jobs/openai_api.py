@@ -1,8 +1,11 @@
 """The OpenAI Images API shape: POST /v1/images/generations, GET /v1/models[/{id}].
 
 A request becomes a normal job through jobs.submit.submit_job (the same prompt and image
-gates, batching and cache as the native API), and the view waits for it, polling the row,
-for at most IMAGEGEN_OPENAI_WAIT_SECONDS. Auth is `Authorization: Bearer <token>` with the
+gates, batching and cache as the native API), and the view waits for it on the job's events
+(the channel layer, through the process's JobHub, which also re-reads the row every
+IMAGEGEN_WATCH_REREAD_SECONDS), for at most IMAGEGEN_OPENAI_WAIT_SECONDS. The wait is async: it
+holds no database polling loop, and it ends when the client disconnects (jobs/client_gone.py),
+cancelling the job (IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT): nobody would get its images. Auth is `Authorization: Bearer <token>` with the
 native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, param, code}}`:
 
 | situation                                   | status | type / code                                   |
@@ -21,24 +24,28 @@ native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, para
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import exceptions, serializers
-from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import openai_compat, openai_stream
+from jobs import actions, openai_compat, openai_stream, tokens
 from jobs.api_errors import exception_handler as native_exception_handler
+from jobs.client_gone import CLIENT_GONE
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
+from jobs.realtime import job_hub
 from jobs.schema import ImagesResponseSerializer, ModelListSerializer, ModelSerializer
 from jobs.serializers import JobCreateSerializer
 from jobs.storage import image_url, public_storage
@@ -51,13 +58,9 @@ except ImportError:  # pragma: no cover - older trees without admission control
 
 log = logging.getLogger(__name__)
 
-POLL_SECONDS = 0.1
+CLIENT_LEFT = 499  # nginx's "client closed request": logged, read by nobody
 
-
-class BearerTokenAuthentication(TokenAuthentication):
-    """The native API tokens, sent as `Authorization: Bearer <token>` (what OpenAI clients send)."""
-
-    keyword = "Bearer"
+BearerTokenAuthentication = tokens.BearerTokenAuthentication  # the native API's (hashed) tokens as Bearer
 
 
 # --- errors ------------------------------------------------------------------------------------
@@ -256,16 +259,104 @@ def _native_data(attrs: dict) -> dict:
 _STOP_WAITING = (JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REVIEW)
 
 
-def _wait_for(job: GenerationJob, seconds: float) -> GenerationJob | None:
-    """Poll the row until the job is terminal or held for review, or the time is up."""
-    deadline = time.monotonic() + seconds
-    rows = GenerationJob.objects.filter(id=job.id)
-    while True:
-        status = rows.values_list("status", flat=True).first()
-        if status is None or status in _STOP_WAITING or time.monotonic() >= deadline:
-            break
-        time.sleep(POLL_SECONDS)
-    return rows.first()
+def _status(job_id) -> str | None:
+    return GenerationJob.objects.filter(id=job_id).values_list("status", flat=True).first()
+
+
+def _row(job_id) -> GenerationJob | None:
+    return GenerationJob.objects.filter(id=job_id).first()
+
+
+async def _wait_for(job: GenerationJob, seconds: float, client_gone: asyncio.Event | None = None) -> GenerationJob | None:
+    """Wait on the job's events until it is terminal or held for review, the time is up, or
+    the client has gone (client_gone is set then). The row afterwards (None: deleted)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    subscription = await job_hub().subscribe(job.id)
+    gone = asyncio.ensure_future(client_gone.wait()) if client_gone is not None else None
+    try:
+        status = await sync_to_async(_status)(job.id)
+        while status is not None and status != "deleted" and status not in _STOP_WAITING:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            event = asyncio.ensure_future(subscription.queue.get())
+            waiting = {event} if gone is None else {event, gone}
+            done, _ = await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            if event in done:
+                message = event.result()
+                if message.get("type") == "status":
+                    status = message.get("status")
+            else:
+                event.cancel()
+            if gone is not None and gone in done:
+                break
+    finally:
+        if gone is not None:
+            gone.cancel()
+        await subscription.close()
+    return await sync_to_async(_row)(job.id)
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What the synchronous part (auth, throttles, validation, submit) hands to the wait."""
+
+    job: GenerationJob
+    response_format: str
+
+
+def _client_left(job: GenerationJob) -> None:
+    row = _row(job.id)
+    log.info("openai-compatible request for job %s: the client disconnected before it finished", job.id)
+    if row is not None and settings.IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT:
+        actions.cancel_job(row, reason="the client disconnected before the job finished (OpenAI-compatible request)")
+
+
+def _answer(request, pending: _Pending, job: GenerationJob | None) -> JsonResponse:
+    try:
+        return JsonResponse(_outcome(request, pending, job))
+    except OpenAIError as exc:
+        return JsonResponse(error_body(exc.message, exc.type, exc.param, exc.code, exc.extra), status=exc.status_code,
+                            headers=exc.headers)
+
+
+def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
+    """The images of a done job, or the OpenAIError its outcome maps to."""
+    if job is None:
+        raise OpenAIError(404, "The job was deleted while waiting.", code="not_found")
+    if job.status == JobStatus.DONE:
+        created = int(job.created_at.timestamp())
+        return {"created": created, "data": _image_items(request, job, pending.response_format),
+                **openai_compat.response_fields(job)}
+    if job.status == JobStatus.BLOCKED:
+        raise OpenAIError(
+            400,
+            f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
+            f"(job {job.id}; an appeal is possible through the native API).",
+            param="prompt" if job.blocked_stage == "prompt" else None,
+            code="moderation_blocked",
+            extra={"moderation_details": openai_compat.moderation_details(job)},
+        )
+    if job.status == JobStatus.REVIEW:
+        raise OpenAIError(
+            400,
+            f"Your request is held for review by a moderator: {job.reason}. Job {job.id}; follow it with "
+            f"{_native_urls(job.id)}.",
+            param="prompt" if job.blocked_stage == "prompt" else None,
+            code="content_policy_review",
+        )
+    if job.status == JobStatus.FAILED:
+        raise OpenAIError(500, f"Image generation failed: {job.reason} (job {job.id}).", "server_error", code="generation_failed")
+    if job.status == JobStatus.CANCELLED:
+        raise OpenAIError(409, f"Job {job.id} was cancelled: {job.reason}.", code="job_cancelled")
+    raise OpenAIError(
+        504,
+        f"Job {job.id} did not finish within {settings.IMAGEGEN_OPENAI_WAIT_SECONDS:g} s (it is {job.status}); "
+        f"it keeps running: follow it with {_native_urls(job.id)}.",
+        "server_error",
+        code="timeout",
+    )
 
 
 def _image_items(request, job: GenerationJob, response_format: str) -> list[dict]:
@@ -334,39 +425,34 @@ class ImageGenerations(OpenAICompatibleView):
             job.id, request.user.pk, attrs.get("user"),
         )
         if attrs.get("stream"):
-            return openai_stream.stream(request, job, attrs)
-        job = _wait_for(job, settings.IMAGEGEN_OPENAI_WAIT_SECONDS)
-        if job is None:
-            raise OpenAIError(404, "The job was deleted while waiting.", code="not_found")
-        if job.status == JobStatus.DONE:
-            created = int(job.created_at.timestamp())
-            return Response({"created": created, "data": _image_items(request, job, attrs["response_format"]),
-                             **openai_compat.response_fields(job)})
-        if job.status == JobStatus.BLOCKED:
-            raise OpenAIError(
-                400,
-                f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
-                f"(job {job.id}; an appeal is possible through the native API).",
-                param="prompt" if job.blocked_stage == "prompt" else None,
-                code="moderation_blocked",
-                extra={"moderation_details": openai_compat.moderation_details(job)},
-            )
-        if job.status == JobStatus.REVIEW:
-            raise OpenAIError(
-                400,
-                f"Your request is held for review by a moderator: {job.reason}. Job {job.id}; follow it with "
-                f"{_native_urls(job.id)}.",
-                param="prompt" if job.blocked_stage == "prompt" else None,
-                code="content_policy_review",
-            )
-        if job.status == JobStatus.FAILED:
-            raise OpenAIError(500, f"Image generation failed: {job.reason} (job {job.id}).", "server_error", code="generation_failed")
-        if job.status == JobStatus.CANCELLED:
-            raise OpenAIError(409, f"Job {job.id} was cancelled: {job.reason}.", code="job_cancelled")
-        raise OpenAIError(
-            504,
-            f"Job {job.id} did not finish within {settings.IMAGEGEN_OPENAI_WAIT_SECONDS:g} s (it is {job.status}); "
-            f"it keeps running: follow it with {_native_urls(job.id)}.",
-            "server_error",
-            code="timeout",
-        )
+            return openai_stream.stream(request, job, attrs)  # the job's gated previews and images as events
+        # The wait happens outside DRF's synchronous dispatch (as_view below): no thread polls.
+        response = Response(status=202)
+        response.pending = _Pending(job, attrs["response_format"])
+        return response
+
+    @classmethod
+    def as_view(cls, **initkwargs):
+        """DRF's view for auth, throttles, validation and the submit (in a thread), then an
+        async wait on the job's events that ends when the client leaves."""
+        submit_view = super().as_view(**initkwargs)
+
+        async def view(request, *args, **kwargs):
+            response = await sync_to_async(submit_view)(request, *args, **kwargs)
+            pending = getattr(response, "pending", None)
+            if pending is None:
+                return response  # an error, answered by DRF in the OpenAI shape
+            gone = getattr(request, "scope", {}).get(CLIENT_GONE)
+            try:
+                job = await _wait_for(pending.job, settings.IMAGEGEN_OPENAI_WAIT_SECONDS, gone)
+            except asyncio.CancelledError:  # Django cancels async views whose client left
+                await asyncio.shield(sync_to_async(_client_left)(pending.job))
+                raise
+            if gone is not None and gone.is_set():
+                await sync_to_async(_client_left)(pending.job)
+                return HttpResponse(status=CLIENT_LEFT)
+            return await sync_to_async(_answer)(request, pending, job)
+
+        view.cls = cls  # read by drf-spectacular and DRF's schema tools
+        view.initkwargs = initkwargs
+        return csrf_exempt(view)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from imagegen import metrics
 from jobs import actions
 from jobs.models import GenerationJob, JobStatus
 from safety.models import SafetyVerdict
@@ -37,6 +38,7 @@ def gate_prompt(job_id: str) -> str:
             policy_version=result.policy_version,
             notes=f"matched: {result.matched}" if result.matched else "",
         )
+        metrics.count_verdicts([verdict])
     if verdict.decision == "block":
         actions.block_job(job.id, "prompt", verdict.reason)
     elif verdict.decision == "review":

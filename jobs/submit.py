@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 
 from imagegen import metrics
-from jobs import actions, admission, cache
+from jobs import actions, admission, cache, usage
 from jobs.models import GenerationJob
 from scheduling import lanes, scheduler
 
@@ -17,13 +17,18 @@ def submit_job(owner, data: dict) -> GenerationJob:
     """Admit a validated request: served from the request-hash cache when every image is
     there (done at once, no queue, no GPU), else queued with only the missing images to make,
     and its prompt check dispatched after commit. Raises admission.Refused (429) past the
-    user's limits or the honest wait limit. The job's estimate is left on job.estimate."""
+    user's limits or the honest wait limit. The job's estimate is left on job.estimate.
+
+    The user's limits are checked twice: the in-flight limit first without a lock, so a user at
+    it costs no estimate, then all of them inside the transaction that inserts the job, under
+    the user's lock (jobs/usage.py), so concurrent submits cannot all pass one count."""
     from jobs.tasks import check_prompt
 
     seed = data.get("seed")
+    shared = cache.shares(seed_given=seed is not None)
     if seed is None:
         seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
-    admission.check_user_limits(owner, data["count"])
+    admission.check_user_limits(owner, None)
     job = GenerationJob(
         owner=owner,
         prompt=data["prompt"],
@@ -40,7 +45,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
         regenerates=data.get("regenerates"),
     )
     job.model_version = lanes.pick_version(job.id)
-    cached = cache.lookup(job)
+    cached = cache.lookup(job, shared)
     job.estimate = None
     if len(cached) < job.count:
         def shape_for(steps: int) -> str:
@@ -52,12 +57,16 @@ def submit_job(owner, data: dict) -> GenerationJob:
         if steps != job.steps:
             metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
-            cached = cache.lookup(job)
+            cached = cache.lookup(job, shared)
     cached = cache.in_format(job, cached)  # a hit stored in another format is converted, not made again
+    job.billable_images = job.count - len(cached)
     with transaction.atomic():
+        usage.lock_user(owner.pk)
+        admission.check_user_limits(owner, job.billable_images)
         if len(cached) == job.count:
             actions.finish_from_cache(job, cached)
         else:
+            admission.count_prompt_check(owner)
             actions.create_queued(job, cached)
             # Robust: a broker outage must not turn an accepted (committed) job into an error
             # answer that invites a duplicate; the reaper re-sends lost prompt checks.

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import hashlib
 
+from django.conf import settings
+from django.db import transaction
 from django.http import FileResponse, Http404, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
@@ -14,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from imagegen import metrics
-from jobs import actions
+from jobs import actions, usage
 from jobs.admission import Refused
 from jobs.models import GeneratedImage, GenerationJob
 from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
@@ -23,6 +25,15 @@ from jobs.storage import public_storage
 from jobs.submit import submit_job
 
 _json = JSONRenderer()
+
+
+def refused_response(refused: Refused) -> Response:
+    return Response(
+        {"detail": refused.message, "limit": refused.limit, "eta_seconds": refused.eta_seconds,
+         "retry_after": refused.retry_after},
+        status=status.HTTP_429_TOO_MANY_REQUESTS,
+        headers={"Retry-After": str(refused.retry_after)},
+    )
 
 
 def own_job(request, job_id) -> GenerationJob:
@@ -73,12 +84,7 @@ class JobListCreate(ListAPIView):
             job = submit_job(request.user, serializer.validated_data)
         except Refused as refused:
             metrics.inc("imagegen_shed_total", limit=refused.limit)
-            return Response(
-                {"detail": refused.message, "limit": refused.limit, "eta_seconds": refused.eta_seconds,
-                 "retry_after": refused.retry_after},
-                status=status.HTTP_429_TOO_MANY_REQUESTS,
-                headers={"Retry-After": str(refused.retry_after)},
-            )
+            return refused_response(refused)
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
@@ -137,7 +143,15 @@ class JobAppeal(APIView):
         if not isinstance(note, str) or len(note) > 1000:
             return Response({"note": ["must be text of at most 1000 characters"]}, status=status.HTTP_400_BAD_REQUEST)
         try:
-            appeal(job, note.strip())
+            with transaction.atomic():  # the bound and the appeal in one step, under the user's lock
+                usage.lock_user(request.user.pk)
+                held = usage.review_cases(request.user.pk)
+                if held >= settings.IMAGEGEN_USER_MAX_IN_REVIEW:
+                    return refused_response(Refused(
+                        f"You have {held} jobs waiting for a moderator; the limit is "
+                        f"{settings.IMAGEGEN_USER_MAX_IN_REVIEW}. Wait for a decision.", retry_after=60,
+                        limit="held_for_review"))
+                appeal(job, note.strip())
         except ReviewError as exc:
             code = status.HTTP_409_CONFLICT if job.status == "blocked" else status.HTTP_400_BAD_REQUEST
             return Response({"detail": str(exc), "status": job.status}, status=code)

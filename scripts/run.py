@@ -196,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
 
             redis_proc, url = start_redis(var / "redis")
             env["REDIS_URL"] = url
-            log(f"started a private Redis at {url}")
+            # The URL carries the generated password: say where it is, not what it is.
+            log(f"started a private Redis on 127.0.0.1:{url.rsplit(':', 1)[1].split('/')[0]} "
+                f"(password in {var / 'redis' / 'password'})")
 
         model_path = Path(env.get("IMAGEGEN_MODEL_PATH", ""))
         shipped = ROOT / "models" / "shapes-v1" / "model_index.json"
@@ -214,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         log("preparing the database and static files…")
         manage("migrate", "--noinput", env=env)
         manage("collectstatic", "--noinput", env=env)
-        token = manage("issue_token", "demo", "--password", "demo", env=env).strip().splitlines()[-1]
-        manage("issue_token", "moderator", "--password", "moderator", "--moderator", env=env)
+        # Tokens are stored hashed and shown once: each start issues the demo user a new one
+        # and revokes the previous.
+        token = manage("issue_token", "demo", "--password", "demo", "--rotate", env=env).strip().splitlines()[-1]
+        manage("issue_token", "moderator", "--password", "moderator", "--moderator", "--rotate", env=env)
 
         gpu_queue = env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
         classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")

@@ -121,11 +121,17 @@ def workers(start_worker):
 
 
 def make_user(username: str, **extra):
+    """A user with a password (`<name>-pw`) and an API token. Tokens are stored hashed, so the
+    token in clear is kept on this object only, as `user.auth_token.key` (the attribute the
+    tests used when tokens were rest_framework.authtoken rows)."""
+    from types import SimpleNamespace
+
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+
+    from jobs.tokens import issue
 
     user = get_user_model().objects.create_user(username=username, password=f"{username}-pw", **extra)
-    Token.objects.create(user=user)
+    user.auth_token = SimpleNamespace(key=issue(user, name="tests"))
     return user
 
 

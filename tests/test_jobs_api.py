@@ -7,7 +7,7 @@ from django.core.management import call_command
 from rest_framework.test import APIClient
 
 from jobs.models import GenerationJob
-from tests.conftest import client_for, make_user
+from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -134,15 +134,19 @@ def test_issue_token_creates_the_user_and_prints_the_token_last(capsys, transact
     token = capsys.readouterr().out.strip().splitlines()[-1]
     from django.contrib.auth import get_user_model
 
-    carol = get_user_model().objects.get(username="carol")
-    assert carol.auth_token.key == token
+    assert get_user_model().objects.filter(username="carol").exists()
+    first = APIClient()
+    first.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    assert first.get("/api/v1/jobs").status_code == 200
     call_command("issue_token", "carol", "--rotate")
     rotated = capsys.readouterr().out.strip().splitlines()[-1]
     assert rotated != token
     revoked = APIClient()
     revoked.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert revoked.get("/api/v1/jobs").status_code == 401
-    assert client_for(get_user_model().objects.get(username="carol")).get("/api/v1/jobs").status_code == 200
+    fresh = APIClient()
+    fresh.credentials(HTTP_AUTHORIZATION=f"Token {rotated}")
+    assert fresh.get("/api/v1/jobs").status_code == 200
 
 
 def test_healthz_answers_without_credentials():

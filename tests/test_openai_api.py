@@ -13,6 +13,7 @@ from unittest import mock
 import httpx
 import openai
 import pytest
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from PIL import Image
 from rest_framework.test import APIClient
@@ -116,10 +117,13 @@ def carol_bearer(db):
 
 
 def _finish_as(status: str, reason: str = "", blocked_stage: str = ""):
-    def fake_wait(job, seconds):
+    def finish(job):
         type(job).objects.filter(id=job.id).update(status=status, reason=reason, blocked_stage=blocked_stage)
         job.refresh_from_db()
         return job
+
+    async def fake_wait(job, seconds, client_gone=None):  # the view's wait is async
+        return await sync_to_async(finish)(job)
 
     return fake_wait
 

@@ -103,6 +103,7 @@ def record_verdicts(batch_id, verdicts: list, gate_error: str = "") -> bool:
             locked.gate_error = gate_error[:2000]
         else:
             SafetyVerdict.objects.bulk_create(verdicts)
+            metrics.count_verdicts(verdicts)
         Batch.objects.filter(id=batch_id).update(
             stage=BatchStage.PUBLISH, stage_attempts=0, lease_expires_at=_stage_lease(), gate_error=locked.gate_error
         )
@@ -136,6 +137,7 @@ def finish_batch(batch_id, outcomes: list[Outcome], now=None) -> list[str]:
             if not updated:
                 continue
             finished.append(outcome.job_id)
+            metrics.count_jobs(outcome.status, locked.model_version)
             if outcome.status == JobStatus.DONE:
                 GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id).update(tier="public")
         Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
@@ -163,6 +165,7 @@ def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
                     reason=f"{what} was interrupted {batch.stage_attempts + 1} times; nothing was delivered",
                 )
                 status_on_commit(*ids)
+                metrics.count_jobs(JobStatus.FAILED, batch.model_version, len(ids))
                 failed += len(ids)
             continue
         if Batch.objects.filter(id=batch.id, stage=batch.stage, lease_expires_at__lt=now).update(

@@ -2,7 +2,10 @@
 blocked, held, failed.
 
 Every transition is a compare-and-set on the current status (a conditional UPDATE), so a
-redelivered or duplicated task can never move a job twice. Status events go out on commit.
+redelivered or duplicated task can never move a job twice. Status events go out on commit, and
+so do the counts of jobs entering each status (imagegen_jobs_total).
+
+The daily quota is charged here, when a GPU worker first claims a job (jobs/usage.py).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
+from jobs import usage
 from jobs.actions.notify import status_on_commit
 from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus
 from scheduling import lanes, scheduler
@@ -41,6 +46,7 @@ def create_queued(job: GenerationJob, cached: dict) -> None:
     with transaction.atomic():
         job.save()
         attach_cached(job, cached)
+        metrics.count_jobs(JobStatus.QUEUED, job.model_version)
 
 
 def attach_cached(job: GenerationJob, cached: dict) -> None:
@@ -68,11 +74,13 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
         job.save()
         attach_cached(job, cached)
         source = next(iter(cached.values()))
-        SafetyVerdict.objects.create(
+        verdict = SafetyVerdict.objects.create(
             job=job, stage="prompt", decision="allow",
             reason=f"identical to job {source.job_id} (request-hash cache)",
             policy_version=source.job.verdicts.filter(stage="prompt").values_list("policy_version", flat=True).first() or "",
         )
+        metrics.count_verdicts([verdict])
+        metrics.count_jobs(JobStatus.DONE, job.model_version)
 
 
 def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
@@ -81,12 +89,18 @@ def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
     )
     if updated:
         status_on_commit(job_id)
+        version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
+        metrics.count_jobs(to_status, version or "")
     return bool(updated)
 
 
-def cancel_job(job: GenerationJob) -> bool:
+def cancel_job(job: GenerationJob, reason: str = "cancelled by the owner") -> bool:
     """Cancel a job that has not finished. A running batch sees the flag within one step; a
-    batch past generation drops the job at publish (its compare-and-set fails)."""
+    batch past generation drops the job at its hand-off or publish (the compare-and-set on
+    running fails). The row is the truth: once the cancel is committed it stands, and the
+    Redis side (the flag, the bucket entry) is best effort. Without the flag the worker
+    denoises to the end of the pass and drops the job at the hand-off; a stale bucket entry is
+    skipped at claim (the job is no longer queued)."""
     if job.status in TERMINAL_STATUSES:
         return False
     changed = _transition(
@@ -94,13 +108,17 @@ def cancel_job(job: GenerationJob) -> bool:
         [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
         JobStatus.CANCELLED,
         finished_at=timezone.now(),
-        reason="cancelled by the owner",
+        reason=reason,
         lease_expires_at=None,
     )
     if changed:
-        scheduler.set_cancel_flag(str(job.id))
-        if job.scheduled_at is not None:
-            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+        try:
+            scheduler.set_cancel_flag(str(job.id))
+            if job.scheduled_at is not None:
+                scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+        except RedisError:
+            log.warning("job %s cancelled, but Redis is unavailable: the worker sees it at the hand-off", job.id,
+                        exc_info=True, extra={"job_id": str(job.id)})
     job.refresh_from_db()
     return changed
 
@@ -122,7 +140,23 @@ def fail_unstarted(job_id, reason: str) -> bool:
 
 
 def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatus.QUEUED) -> bool:
-    return _transition(job_id, [from_status], JobStatus.REVIEW, blocked_stage=stage, reason=reason)
+    """Hold the job for a moderator; a prompt whose owner already has
+    IMAGEGEN_USER_MAX_IN_REVIEW cases in the queue is blocked instead (one user must not fill
+    the moderators' queue). Returns whether it was held."""
+    with transaction.atomic():
+        owner_id = GenerationJob.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
+        if owner_id is None:
+            return False
+        usage.lock_user(owner_id)
+        held = usage.review_cases(owner_id)
+        limit = settings.IMAGEGEN_USER_MAX_IN_REVIEW
+        if stage == "prompt" and held >= limit:
+            block_job(job_id, stage, (
+                f"{reason} (it would be held for review, but {held} of your jobs already wait for a moderator; "
+                f"the limit is {limit})"
+            ))
+            return False
+        return _transition(job_id, [from_status], JobStatus.REVIEW, blocked_stage=stage, reason=reason)
 
 
 def admit(job_id) -> bool:
@@ -148,18 +182,23 @@ def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
     """queued -> running for the taken jobs, in one UPDATE; cancelled or already-taken jobs
     (a stale or duplicated scheduler entry) are simply not claimed."""
     now = timezone.now()
-    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).update(
-        status=JobStatus.RUNNING,
-        attempts=F("attempts") + 1,
-        started_at=now,
-        batch_id=batch_id,
-        progress_step=0,
-        lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
-    )
-    jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
-    order = {str(j): i for i, j in enumerate(job_ids)}
-    jobs.sort(key=lambda job: order[str(job.id)])
-    status_on_commit(*[job.id for job in jobs])
+    with transaction.atomic():
+        GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).update(
+            status=JobStatus.RUNNING,
+            attempts=F("attempts") + 1,
+            started_at=now,
+            batch_id=batch_id,
+            progress_step=0,
+            lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
+        )
+        jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
+        # The GPU work is spent from here on: charged now, whatever becomes of the job.
+        usage.charge_claimed(jobs, now)
+        order = {str(j): i for i, j in enumerate(job_ids)}
+        jobs.sort(key=lambda job: order[str(job.id)])
+        status_on_commit(*[job.id for job in jobs])
+        for version in {job.model_version for job in jobs}:
+            metrics.count_jobs(JobStatus.RUNNING, version, sum(1 for job in jobs if job.model_version == version))
     return jobs
 
 
@@ -186,6 +225,7 @@ def fail_running(job: GenerationJob, reason: str) -> bool:
     )
     if updated:
         status_on_commit(job.id)
+        metrics.count_jobs(JobStatus.FAILED, job.model_version)
     return bool(updated)
 
 
@@ -211,6 +251,7 @@ def requeue_expired(now=None) -> dict:
             log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts,
                         extra={"job_id": str(job.id), "stage": "reaper"})
             metrics.inc("imagegen_requeues_total")
+            metrics.count_jobs(JobStatus.QUEUED, job.model_version)
             status_on_commit(job.id)
             enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
             requeued += 1

@@ -12,6 +12,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from imagegen import metrics
 from jobs.actions.images import take_down
 from jobs.actions.lifecycle import admit
 from jobs.actions.notify import status_on_commit
@@ -37,7 +38,7 @@ def review_queue():
 
 
 def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) -> None:
-    SafetyVerdict.objects.create(
+    verdict = SafetyVerdict.objects.create(
         job=job,
         image=image,
         image_index=image.index if image is not None else None,
@@ -48,6 +49,7 @@ def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) 
         reason=reason,
         policy_version=policy_version(),
     )
+    metrics.count_verdicts([verdict])
 
 
 def _publish_images(job: GenerationJob) -> None:
@@ -75,6 +77,7 @@ def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
                 if not updated:
                     raise ReviewError("the case was decided meanwhile")
                 _publish_images(job)
+                metrics.count_jobs(JobStatus.DONE, job.model_version)
                 for image in job.images.all():
                     _verdict(job, "allow", reviewer, notes, "approved by a moderator", image=image)
             else:
@@ -85,6 +88,7 @@ def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
                 if not updated:
                     raise ReviewError("the case was decided meanwhile")
                 _verdict(job, "allow", reviewer, notes, "prompt approved by a moderator")
+                metrics.count_jobs(JobStatus.QUEUED, job.model_version)
                 transaction.on_commit(lambda: admit(job.id))
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")
@@ -110,6 +114,8 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
             raise ReviewError(f"a {job.status} job is not waiting for review")
         if not updated:
             raise ReviewError("the case was decided meanwhile")
+        if not appeal:
+            metrics.count_jobs(JobStatus.BLOCKED, job.model_version)
         _verdict(job, "block", reviewer, notes, reason)
         status_on_commit(job.id)
     return "upheld" if appeal else "rejected"
@@ -129,6 +135,7 @@ def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
                 status=JobStatus.BLOCKED, blocked_stage="human", reason=notes or "an image was rejected by a moderator"
             ):
                 status_on_commit(other.job_id)
+                metrics.count_jobs(JobStatus.BLOCKED, other.job.model_version)
     return count
 
 

@@ -1,10 +1,14 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
-from rest_framework.authtoken.models import Token
+
+from jobs import tokens
 
 
 class Command(BaseCommand):
-    help = "Create USERNAME if needed and print an API token for it (the token is the last line)."
+    help = (
+        "Create USERNAME if needed and issue a new API token for it (the token is the last line). "
+        "Tokens are stored hashed: this is the only time the token is shown."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("username")
@@ -14,9 +18,10 @@ class Command(BaseCommand):
             "--moderator", action="store_true",
             help="staff with the review permission (safety.review_content): the admin's review queue",
         )
-        parser.add_argument("--rotate", action="store_true", help="revoke the old token and issue a new one")
+        parser.add_argument("--rotate", action="store_true", help="revoke the user's other tokens")
+        parser.add_argument("--name", default="issue_token", help="a label for the token (shown in the admin)")
 
-    def handle(self, username, password, staff, rotate, moderator=False, **options):
+    def handle(self, username, password, staff, rotate, name, moderator=False, **options):
         User = get_user_model()
         user, created = User.objects.get_or_create(username=username)
         if password:
@@ -30,7 +35,8 @@ class Command(BaseCommand):
 
             user.user_permissions.add(Permission.objects.get(codename="review_content", content_type__app_label="safety"))
         if rotate:
-            Token.objects.filter(user=user).delete()
-        token, _ = Token.objects.get_or_create(user=user)
-        self.stdout.write(f"{'created' if created else 'found'} user {username}")
-        self.stdout.write(token.key)
+            revoked = tokens.revoke_all(user)
+            self.stdout.write(f"revoked {revoked} token(s)")
+        token = tokens.issue(user, name=name)
+        self.stdout.write(f"{'created' if created else 'found'} user {username}; new token (shown once, stored hashed):")
+        self.stdout.write(token)

@@ -1,0 +1,133 @@
+"""Throttling (issue 18, item 4): request rates per user and per IP on the API (DRF throttles over
+the shared Redis), sign-in failures per account and per IP, and a per-user cap on open
+websockets and SSE streams (over daphne)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import websockets
+from django.conf import settings
+from django.test import Client
+from rest_framework.test import APIClient
+
+from imagegen.redis_client import PREFIX, get_redis
+from tests.conftest import make_user
+from tests.live_server import start_daphne, stop_daphne
+from tests.test_security import make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters():
+    """User ids restart after each test's flush: start every test with no rate history."""
+    def clear():
+        r = get_redis()
+        keys = list(r.scan_iter(f"{PREFIX}rl:*")) + list(r.scan_iter(f"{PREFIX}streams:*"))
+        if keys:
+            r.delete(*keys)
+
+    clear()
+    yield
+    clear()
+
+
+def test_requests_past_the_per_user_rate_get_429_with_retry_after(alice, alice_api, bob_api, settings):
+    settings.IMAGEGEN_THROTTLE_USER = "5/min"
+    codes = [alice_api.get("/api/v1/jobs").status_code for _ in range(7)]
+    assert codes == [200] * 5 + [429] * 2, codes
+    refused = alice_api.post("/api/v1/jobs", {"prompt": "a red circle"}, format="json")
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
+    body = refused.json()
+    assert body["limit"] == "requests_per_user" and body["retry_after"] == int(refused["Retry-After"])
+    assert set(body) == {"detail", "limit", "eta_seconds", "retry_after"}
+    assert bob_api.get("/api/v1/jobs").status_code == 200  # another user has a budget of their own
+    bearer = APIClient()
+    bearer.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
+    oai = bearer.get("/v1/models")
+    assert oai.status_code == 429 and oai.json()["error"]["type"] == "rate_limit_error" and oai["Retry-After"]
+
+
+def test_requests_past_the_per_ip_rate_get_429_whoever_sends_them(alice_api, bob_api, settings):
+    settings.IMAGEGEN_THROTTLE_IP = "8/min"
+    here = {"REMOTE_ADDR": "10.9.8.7"}
+    codes = [alice_api.get("/api/v1/jobs", **here).status_code for _ in range(5)]
+    codes += [bob_api.get("/api/v1/jobs", **here).status_code for _ in range(4)]
+    assert codes == [200] * 8 + [429], codes
+    refused = bob_api.get("/api/v1/queue", **here)
+    assert refused.status_code == 429 and refused.json()["limit"] == "requests_per_ip" and refused["Retry-After"]
+    assert bob_api.get("/api/v1/jobs", REMOTE_ADDR="10.9.8.6").status_code == 200
+
+
+def test_ten_failed_sign_ins_lock_the_account_and_the_ip(transactional_db):
+    make_user("dora")
+    make_user("erin")
+    for i in range(10):
+        response = Client().post("/accounts/login/", {"username": "dora", "password": f"wrong{i}"}, REMOTE_ADDR=f"10.0.0.{i}")
+        assert response.status_code == 200 and b"didn" in response.content  # the usual "did not match"
+    # the account is locked, even with the right password from a fresh IP
+    locked = Client()
+    response = locked.post("/accounts/login/", {"username": "dora", "password": "dora-pw"}, REMOTE_ADDR="10.1.0.1")
+    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    assert b"Too many failed sign-ins" in response.content
+    assert "_auth_user_id" not in locked.session
+    admin = Client().post("/admin/login/", {"username": "dora", "password": "dora-pw"}, REMOTE_ADDR="10.1.0.2")
+    assert b"Too many failed sign-ins" in admin.content and "_auth_user_id" not in admin.client.session
+    # one IP trying many accounts is locked too
+    for i in range(10):
+        Client().post("/accounts/login/", {"username": f"nobody{i}", "password": "x"}, REMOTE_ADDR="10.2.0.1")
+    response = Client().post("/accounts/login/", {"username": "erin", "password": "erin-pw"}, REMOTE_ADDR="10.2.0.1")
+    assert response.status_code == 429
+    fine = Client()
+    response = fine.post("/accounts/login/", {"username": "erin", "password": "erin-pw"}, REMOTE_ADDR="10.3.0.1")
+    assert response.status_code == 302 and "_auth_user_id" in fine.session
+
+
+def test_a_user_cannot_hold_more_open_streams_than_the_cap(worker_env, transactional_db):
+    server = start_daphne({**worker_env, "IMAGEGEN_USER_MAX_STREAMS": "5"}, settings.VAR_DIR, name="daphne-streams",
+                          collectstatic=False)
+    try:
+        alice, bob = make_user("alice"), make_user("bob")
+        job = make_job(alice, status="running")
+        url = f"{server.ws_url}/ws/jobs/{job.id}/"
+        sse = f"{server.url}/api/v1/jobs/{job.id}/events"
+
+        def auth(user) -> dict:
+            return {"Authorization": f"Token {user.auth_token.key}"}
+
+        async def scenario():
+            opened, refused = [], []
+            for _ in range(8):
+                ws = await websockets.connect(url, origin=server.origin, additional_headers=auth(alice), open_timeout=10)
+                first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                if first["type"] == "status":
+                    opened.append((ws, first))
+                    continue
+                assert first["type"] == "error" and first["limit"] == "streams" and first["retry_after"] >= 1, first
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 10)
+                refused.append(closed.value.rcvd.code if closed.value.rcvd else None)
+            async with httpx.AsyncClient(timeout=10) as http:
+                over = await http.get(sse, headers=auth(alice))
+                for ws, _ in opened[:2]:
+                    await ws.close()
+                await asyncio.sleep(0.5)
+                async with http.stream("GET", sse, headers=auth(alice)) as stream:
+                    status_after_close = stream.status_code
+                other = await http.get(f"{server.url}/api/v1/jobs", headers=auth(bob))
+            for ws, _ in opened[2:]:
+                await ws.close()
+            return opened, refused, over, status_after_close, other
+
+        opened, refused, over, status_after_close, other = asyncio.run(scenario())
+        assert len(opened) == 5, (len(opened), refused)
+        assert refused == [4429] * 3, refused
+        assert over.status_code == 429 and over.json()["limit"] == "streams" and int(over.headers["retry-after"]) >= 1
+        assert status_after_close == 200  # closing streams gives the slots back
+        assert other.status_code == 200
+    finally:
+        stop_daphne(server)
