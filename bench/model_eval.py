@@ -68,7 +68,7 @@ def contact_sheet(images, captions, judged, path: Path, scale=3, cols=4):
     rows = (len(images) + cols - 1) // cols
     sheet = Image.new("RGB", (cols * (tile_w + 8) + 8, rows * (tile_w + text_h + 8) + 8), (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
-    for k, (im, cap, jd) in enumerate(zip(images, captions, judged)):
+    for k, (im, cap, jd) in enumerate(zip(images, captions, judged, strict=True)):
         x = 8 + (k % cols) * (tile_w + 8)
         y = 8 + (k // cols) * (tile_w + text_h + 8)
         sheet.paste(im.resize((tile_w, tile_w), Image.NEAREST), (x, y))
@@ -101,6 +101,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
 
     from diffusers import AutoPipelineForText2Image
+
     from safety.shapes_classifier import ShapesClassifier
 
     pipe = AutoPipelineForText2Image.from_pretrained(args.model, local_files_only=True)
@@ -119,7 +120,7 @@ def main(argv=None):
     scores = clf.scores(images)
 
     rows, per_kind, per_colour, per_bg = [], defaultdict(list), defaultdict(list), defaultdict(list)
-    for (cap, gt), im, sc in zip(items, images, scores):
+    for (cap, gt), im, sc in zip(items, images, scores, strict=True):
         sh = gt.shapes[0]
         fg, bg = judge_colours(np.asarray(im.convert("RGB")))
         kind = max(sc, key=sc.get)
@@ -139,7 +140,7 @@ def main(argv=None):
     res = {
         "command": "python bench/model_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "model": args.model, "classifier": args.classifier, "n_captions": len(rows),
-        "captions": "single-shape, held-out generator seed %d (training seed 1234)" % EVAL_SEED,
+        "captions": f"single-shape, held-out generator seed {EVAL_SEED} (training seed 1234)",
         "num_inference_steps": args.steps, "guidance_scale": args.guidance, "size": "64x64",
         "scheduler": type(pipe.scheduler).__name__,
         "shape_colour_accuracy": frac("colour_ok"), "background_colour_accuracy": frac("background_ok"),
