@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from training.shapes_data import COLOURS, COLOUR_NAMES, caption_for, random_gt  # noqa: E402
+from training.shapes_data import COLOUR_NAMES, COLOURS, caption_for, random_gt  # noqa: E402
 
 EVAL_SEED = 20261130
 MIN_SHAPE_PIXELS = 12
