@@ -178,7 +178,7 @@ class Runner:
             for index in range(job.count)
             if (job.id, index) not in have
         ]
-        model = get_model()
+        model = get_model(batch.model_version)
         job_ids = [str(job.id) for job in jobs]
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image

@@ -166,19 +166,24 @@ def warm_up(model: LoadedModel) -> float:
     return time.monotonic() - started
 
 
-_loaded: LoadedModel | None = None
+_loaded: dict[str, LoadedModel] = {}
 _lock = threading.Lock()
 
 
-def get_model() -> LoadedModel:
-    """The process's pipeline, loaded on first use (the simulated accelerator when configured)."""
-    global _loaded
+def get_model(version: str | None = None) -> LoadedModel:
+    """The process's pipeline for a served model version (None: the deployment's own), loaded
+    on first use from the catalogue's path (the simulated accelerator when configured). A
+    worker consuming two lanes holds both models."""
+    from scheduling import catalogue
+
+    version = version or settings.IMAGEGEN_MODEL_VERSION
     with _lock:
-        if _loaded is None:
+        if version not in _loaded:
             if settings.IMAGEGEN_ACCELERATOR == "simulated":
                 from gpu_tasks.simulated import SimulatedModel
 
-                _loaded = SimulatedModel()  # type: ignore[assignment]
+                _loaded[version] = SimulatedModel()  # type: ignore[assignment]
             else:
-                _loaded = LoadedModel(settings.IMAGEGEN_MODEL_PATH, settings.IMAGEGEN_DEVICE)
-        return _loaded  # type: ignore[return-value]  # set just above
+                path = settings.IMAGEGEN_MODEL_PATH if version == settings.IMAGEGEN_MODEL_VERSION else catalogue.path_for(version)
+                _loaded[version] = LoadedModel(path, settings.IMAGEGEN_DEVICE)
+        return _loaded[version]

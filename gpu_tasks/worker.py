@@ -26,13 +26,14 @@ def _on_worker_ready(sender=None, **kwargs):
         return
     from gpu_tasks.generate import WORKER_ID, runner_for
     from gpu_tasks.pipeline import get_model
-    from scheduling import heartbeats
+    from scheduling import catalogue, heartbeats
 
-    model = get_model()  # load once, before the first batch, so no request pays for it
-    if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
-        from gpu_tasks.pipeline import warm_up
+    for queue in gpu_queues:  # load each lane's model once, before its first batch
+        model = get_model(catalogue.version_of_lane(queue[len(settings.QUEUE_GPU_PREFIX):]))
+        if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
+            from gpu_tasks.pipeline import warm_up
 
-        log.info("warmed up every menu shape in %.1fs", warm_up(model))
+            log.info("warmed up every menu shape of %s in %.1fs", queue, warm_up(model))
     for queue in gpu_queues:
         lane = queue[len(settings.QUEUE_GPU_PREFIX):]
         runner_for(lane)  # its hand-off and lease threads start now

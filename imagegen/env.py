@@ -91,6 +91,22 @@ def env_caps(name: str) -> dict[str, int]:
     return caps
 
 
+def env_models(name: str, default: dict[str, str]) -> dict[str, str]:
+    """Model versions and their folders such as "shapes-v1-lcm=models/shapes-v1-lcm"; "none": none."""
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return dict(default)
+    if value.strip().lower() == "none":
+        return {}
+    models: dict[str, str] = {}
+    for item in env_list(name, []):
+        version, sep, path = item.partition("=")
+        if not sep or not version.strip() or not path.strip() or "@" in version or "|" in version:
+            raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not VERSION=PATH (no '@' or '|' in VERSION)")
+        models[version.strip()] = path.strip()
+    return models
+
+
 _UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+?)s?\s*$")
 

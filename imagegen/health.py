@@ -33,8 +33,13 @@ def readyz(request):
         gate_error = get_redis().get(PREFIX + "gate-error")  # written by a worker that refused to start
         checks["image_gate"] = "ok" if not gate_error else f"misconfigured: {gate_error}"
 
-        n = len(live_workers(settings.IMAGEGEN_MODEL_NAME))
-        checks["gpu_workers"] = "ok" if n else f"no live GPU worker for {settings.IMAGEGEN_MODEL_NAME}"
+        from scheduling import catalogue
+        from scheduling.lanes import lane_of
+
+        for version in catalogue.served():  # every selectable model needs a worker on its lane
+            lane = lane_of(version)
+            name = "gpu_workers" if lane == settings.IMAGEGEN_MODEL_NAME else f"gpu_workers:{version}"
+            checks[name] = "ok" if live_workers(lane) else f"no live GPU worker for {lane}"
     else:
         checks["gpu_workers"] = "unknown: redis is unavailable"
         checks["image_gate"] = "unknown: redis is unavailable"

@@ -13,6 +13,7 @@ from imagegen.env import (
     env_float,
     env_int,
     env_list,
+    env_models,
     env_rate,
     env_sizes,
     env_str,
@@ -170,6 +171,24 @@ IMAGEGEN_MODEL_PATH = Path(env_str("IMAGEGEN_MODEL_PATH", str(_default_model)))
 # The model's name picks its GPU queue (gpu.<name>); the version is recorded on every job.
 IMAGEGEN_MODEL_NAME = env_str("IMAGEGEN_MODEL_NAME", "shapes")
 IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.name)
+# More versions a job may choose with its `model` field, each on its own lane
+# (gpu.<name>@<version>): "version=path,...", or "none". Default: the shipped distilled student
+# beside the shipped teacher, when the teacher is the served model (scheduling/catalogue.py).
+_shipped_student = BASE_DIR / "models" / "shapes-v1-lcm"
+IMAGEGEN_EXTRA_MODELS = {
+    version: str(Path(path) if Path(path).is_absolute() else BASE_DIR / path)
+    for version, path in env_models(
+        "IMAGEGEN_EXTRA_MODELS",
+        {_shipped_student.name: str(_shipped_student)}
+        if IMAGEGEN_MODEL_PATH == _shipped_model and (_shipped_student / "model_index.json").exists() else {},
+    ).items()
+}
+# OpenAI quality tiers sent to another served model when a request names none: "low=VERSION,...".
+IMAGEGEN_QUALITY_MODELS = {
+    tier: version for tier, version in env_models(
+        "IMAGEGEN_QUALITY_MODELS", {"low": _shipped_student.name} if _shipped_student.name in IMAGEGEN_EXTRA_MODELS else {}
+    ).items() if version in IMAGEGEN_EXTRA_MODELS or version == IMAGEGEN_MODEL_VERSION
+}
 # Canary rollout: a share of new jobs goes to another version of the model, served by workers
 # started with that version's path on the queue gpu.<name>@<version>. `manage.py rollout`
 # compares the versions and moves queued jobs between them (promote / roll back).

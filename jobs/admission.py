@@ -32,6 +32,7 @@ from django.utils import timezone
 from scheduling import costs as cost_model
 from scheduling import policy, scheduler
 from scheduling.costs import pass_seconds, seconds_per_image
+from scheduling.lanes import lane_of_shape
 
 PROMPT_CHECK_SECONDS = 0.05  # about one prompt check, for joining a pass still filling
 NEW_JOB = "\0new"  # the replay's id for a job not submitted yet
@@ -165,7 +166,7 @@ def replay(buckets: dict[str, deque], free_in: list[float], target: str, now: fl
 def estimate(shape: str, images: int, enqueued_at: float | None = None, model_name: str | None = None,
              job_id: str | None = None) -> Estimate:
     """For a new job (enqueued_at None) or one already queued since enqueued_at (job_id: its id)."""
-    model_name = model_name or settings.IMAGEGEN_MODEL_NAME
+    model_name = model_name or lane_of_shape(shape)
     now = time.time()
     costs = cost_model.costs()
     entries = [(s, e) for s, es in scheduler.queued_entries(model_name).items() for e in es]

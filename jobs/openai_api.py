@@ -28,7 +28,6 @@ import asyncio
 import base64
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -50,6 +49,7 @@ from jobs.schema import ImagesResponseSerializer, ModelListSerializer, ModelSeri
 from jobs.serializers import JobCreateSerializer
 from jobs.storage import image_url, public_storage
 from jobs.submit import submit_job
+from scheduling import catalogue
 
 try:  # admission control (per-user limits, the honest wait limit): the native API answers 429
     from jobs.admission import Refused
@@ -158,24 +158,24 @@ class OpenAICompatibleView(APIView):
 # --- models ----------------------------------------------------------------------------------
 
 
-def model_object() -> dict:
-    index = Path(settings.IMAGEGEN_MODEL_PATH) / "model_index.json"
+def model_object(served: catalogue.ServedModel) -> dict:
+    index = served.path / "model_index.json"
     try:
         created = int(index.stat().st_mtime)
     except OSError:
         created = 0
-    return {"id": settings.IMAGEGEN_MODEL_VERSION, "object": "model", "created": created, "owned_by": "imagegen"}
+    return {"id": served.version, "object": "model", "created": created, "owned_by": "imagegen"}
 
 
 class ModelList(OpenAICompatibleView):
     @extend_schema(
         operation_id="openai_models_list",
         summary="List models (OpenAI shape)",
-        description="The served model, as `GET https://api.openai.com/v1/models` lists them.",
+        description="The served models (the default first), as `GET https://api.openai.com/v1/models` lists them.",
         responses={200: ModelListSerializer},
     )
     def get(self, request):
-        return Response({"object": "list", "data": [model_object()]})
+        return Response({"object": "list", "data": [model_object(m) for m in catalogue.served().values()]})
 
 
 class ModelDetail(OpenAICompatibleView):
@@ -185,9 +185,10 @@ class ModelDetail(OpenAICompatibleView):
         responses={200: ModelSerializer},
     )
     def get(self, request, model_id: str):
-        if model_id != settings.IMAGEGEN_MODEL_VERSION:
+        served = catalogue.served().get(model_id)
+        if served is None:
             raise OpenAIError(404, f"The model '{model_id}' does not exist.", param="model", code="model_not_found")
-        return Response(model_object())
+        return Response(model_object(served))
 
 
 # --- generations --------------------------------------------------------------------------
@@ -216,7 +217,7 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
     )
     model = serializers.CharField(
         required=False, allow_null=True, allow_blank=True, default=None,
-        help_text="The served model's id (see GET /v1/models); absent means that one.",
+        help_text="A served model's id (see GET /v1/models); absent: the default (or the quality tier's model).",
     )
     user = serializers.CharField(
         required=False, allow_null=True, allow_blank=True,
@@ -232,12 +233,14 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
         return value
 
     def validate_model(self, value):
-        if value in (None, "") or value == settings.IMAGEGEN_MODEL_VERSION:
-            return settings.IMAGEGEN_MODEL_VERSION
-        raise OpenAIError(
-            400, f"The model '{value}' does not exist; this server serves '{settings.IMAGEGEN_MODEL_VERSION}'.",
-            param="model", code="model_not_found",
-        )
+        if value in (None, ""):
+            return ""
+        if catalogue.get(value) is None:
+            raise OpenAIError(
+                400, f"The model '{value}' does not exist; this server serves {', '.join(map(repr, catalogue.served()))}.",
+                param="model", code="model_not_found",
+            )
+        return value
 
     def validate(self, attrs):
         attrs["n"] = attrs.get("n") or 1

@@ -11,6 +11,10 @@ Quality maps to documented step tiers (docs/api.md), clipped to the server's ste
 | medium, standard   | 20                            |
 | high, hd           | 40                            |
 | auto (or absent)   | the server default (IMAGEGEN_DEFAULT_STEPS) |
+
+A served model's serving.json may give its own tiers (`quality_steps`), and IMAGEGEN_QUALITY_MODELS
+may send a tier to another served model when the request names no model (by default `low` goes
+to the shipped distilled student at its own steps: scheduling/catalogue.py).
 """
 
 from __future__ import annotations
@@ -29,10 +33,24 @@ _EVENT_QUALITY = {"standard": "medium", "hd": "high"}
 MAX_PARTIAL_IMAGES = 3
 
 
-def steps_for(quality: str | None) -> int:
-    if quality is None or quality in ("", "auto"):
-        return settings.IMAGEGEN_DEFAULT_STEPS
-    return max(settings.IMAGEGEN_MIN_STEPS, min(settings.IMAGEGEN_MAX_STEPS, QUALITY_STEPS[quality]))
+def model_for(quality: str | None, model: str | None) -> str:
+    """The served version a request runs on: the one it names, else its quality tier's."""
+    if model:
+        return model
+    return settings.IMAGEGEN_QUALITY_MODELS.get(quality or "auto", "")
+
+
+def steps_for(quality: str | None, model: str | None = None) -> int:
+    from scheduling import catalogue
+
+    served = catalogue.get(model)
+    if served is None or served.default:
+        default, tiers, top = settings.IMAGEGEN_DEFAULT_STEPS, QUALITY_STEPS, settings.IMAGEGEN_MAX_STEPS
+    else:
+        default, tiers, top = served.default_steps, served.quality_steps, served.max_steps
+    if quality is None or quality in ("", "auto") or quality not in tiers:
+        return default
+    return max(settings.IMAGEGEN_MIN_STEPS, min(top, tiers[quality]))
 
 
 def event_quality(quality: str | None) -> str:
@@ -80,7 +98,12 @@ class OpenAIImageOptions(serializers.Serializer):
 
 def native_fields(attrs: dict) -> dict:
     """The native job's fields that these options set."""
-    out: dict = {"steps": steps_for(attrs.get("quality")), "output_format": attrs.get("output_format") or "png"}
+    model = model_for(attrs.get("quality"), attrs.get("model"))
+    # A tier sent to another model runs at that model's own default steps; a named model runs
+    # the tier on its own scale.
+    steps = steps_for(attrs.get("quality") if attrs.get("model") or not model else None, model)
+    out: dict = {"steps": steps, "model": model,
+                 "output_format": attrs.get("output_format") or "png"}
     if attrs.get("output_compression") is not None:
         out["output_compression"] = attrs["output_compression"]
     return out

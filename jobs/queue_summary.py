@@ -49,8 +49,9 @@ from django.db import close_old_connections
 
 from imagegen.redis_client import PREFIX, get_redis
 from jobs import admission
+from scheduling import catalogue, scheduler
 from scheduling import costs as cost_model
-from scheduling import scheduler
+from scheduling.lanes import lane_of, lane_of_shape
 
 SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
 FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
@@ -170,7 +171,7 @@ def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
 
 def note_submit(shape: str, model_name: str | None = None) -> None:
     """A job of `shape` was accepted: cheap new-job entries of that shape are recomputed."""
-    get_redis().hincrby(_key(model_name or settings.IMAGEGEN_MODEL_NAME), f"submits|{shape}", 1)
+    get_redis().hincrby(_key(model_name or lane_of_shape(shape)), f"submits|{shape}", 1)
 
 
 def _first(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
@@ -217,7 +218,7 @@ def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
 
 def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> admission.Estimate:
     """admission.estimate(shape, images) for a new job, from the summary."""
-    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    model = model_name or lane_of_shape(shape)
     e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model), shape=shape)
     return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
                               e["queued_images"], e["gpus"])
@@ -276,7 +277,7 @@ def _ahead(model: str, shape: str, enqueued_at: float) -> tuple[int, int]:
 def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name: str | None = None) -> admission.Estimate:
     """admission.estimate(shape, images, enqueued_at, job_id=...) for a job queued in the
     scheduler since `enqueued_at`, from the summary."""
-    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    model = model_name or lane_of_shape(shape)
     position, in_bucket = _ahead(model, shape, enqueued_at)
     e = entry(model, f"bucket|{shape}", lambda: _compute_bucket(shape, model))
     if e["gpus"] == 0:
@@ -353,7 +354,8 @@ def refresher_loop() -> None:
         try:
             get_redis().set(_alive_key(), "1", px=int(ALIVE_TTL * 1000))
             close_old_connections()
-            refresh_wanted(settings.IMAGEGEN_MODEL_NAME)
+            for served in catalogue.served():
+                refresh_wanted(lane_of(served))
         except Exception:  # Redis or the database away: the web processes compute for themselves
             log.exception("queue summary refresher")
         _stop.wait(REFRESH_EVERY)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import secrets
 
-from django.conf import settings
 from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -33,6 +32,7 @@ from rest_framework.views import APIView
 
 from imagegen.redis_client import PREFIX, get_redis
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
+from scheduling import catalogue
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ def regeneration_request(image: GeneratedImage) -> dict:
         "output_format": job.output_format,
         "output_compression": job.output_compression,
         "regenerates": job.regenerates or job.id,
+        "model": job.model_version,  # the same version: another would give other pixels
     }
 
 
@@ -126,11 +127,11 @@ def fetch_or_regenerate(image: GeneratedImage, user) -> Response:
         return _gone(image, "The image's bytes were dropped and regenerating it did not reproduce them.")
     if not image.bytes_dropped:
         return Response(image_body(image))
-    if image.job.model_version != settings.IMAGEGEN_MODEL_VERSION:
+    if catalogue.get(image.job.model_version) is None:
         return _gone(
             image,
             f"The image's bytes were dropped and its model version {image.job.model_version!r} is no longer "
-            f"served (now {settings.IMAGEGEN_MODEL_VERSION!r}), so it cannot be regenerated.",
+            f"served (now {', '.join(map(repr, catalogue.served()))}), so it cannot be regenerated.",
         )
     r = get_redis()
     key = _mapping_key(image.id)

@@ -604,8 +604,13 @@ class QueueShapeSerializer(serializers.Serializer):
 
 
 class QueueModelSerializer(serializers.Serializer):
-    model = serializers.CharField()
-    version = serializers.CharField(required=False)
+    model = serializers.CharField(help_text="The lane: the model's name, name@version for a version other than the default.")
+    version = serializers.CharField(required=False, help_text="What a job's `model` field names.")
+    display_name = serializers.CharField(required=False, help_text="The model as the page shows it.")
+    default = serializers.BooleanField(required=False, help_text="The version a job without `model` runs on.")
+    default_steps = serializers.IntegerField(required=False)
+    max_steps = serializers.IntegerField(required=False)
+    guidance_scale = serializers.FloatField(required=False)
     active_workers = serializers.IntegerField(required=False, allow_null=True)
     queued_images = serializers.IntegerField(required=False)
     queued_gpu_seconds = serializers.FloatField(required=False, allow_null=True)

@@ -33,6 +33,11 @@ class JobCreateSerializer(serializers.Serializer):
     count = serializers.IntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
     guidance_scale = serializers.FloatField(required=False, min_value=0.0, max_value=30.0)
     allow_degrade = serializers.BooleanField(required=False, default=False)
+    model = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=100,
+        help_text="A served model version (GET /api/v1/models); absent: the default model. Its "
+        "default steps and guidance apply when the request gives none.",
+    )
     output_format = serializers.ChoiceField(
         choices=OutputFormat.choices, required=False, default=OutputFormat.PNG,
         help_text="The image files' format: png (lossless), jpeg or webp.",
@@ -53,7 +58,17 @@ class JobCreateSerializer(serializers.Serializer):
             raise serializers.ValidationError("must be a finite number")
         return value
 
+    def validate_model(self, value: str) -> str:
+        from scheduling import catalogue
+
+        if catalogue.get(value) is None:
+            served = ", ".join(catalogue.served())
+            raise serializers.ValidationError(f"{value!r} is not a served model; use one of: {served}")
+        return value
+
     def validate(self, attrs: dict) -> dict:
+        from scheduling import catalogue
+
         menu = settings.IMAGEGEN_SIZE_MENU
         width = attrs.get("width", menu[0][0])
         height = attrs.get("height", menu[0][1])
@@ -62,8 +77,14 @@ class JobCreateSerializer(serializers.Serializer):
             field = "width" if width not in {w for w, _ in menu} else "height"
             raise serializers.ValidationError({field: [f"{width}x{height} is not on the size menu ({sizes})"]})
         attrs["width"], attrs["height"] = width, height
-        attrs.setdefault("steps", settings.IMAGEGEN_DEFAULT_STEPS)
-        attrs.setdefault("guidance_scale", settings.IMAGEGEN_DEFAULT_GUIDANCE)
+        served = catalogue.get(attrs.get("model"))
+        assert served is not None  # validate_model
+        attrs.setdefault("steps", served.default_steps)
+        attrs.setdefault("guidance_scale", served.guidance_scale)
+        if attrs["steps"] > served.max_steps:
+            raise serializers.ValidationError(
+                {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}
+            )
         return attrs
 
 

@@ -44,7 +44,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
         output_compression=data.get("output_compression"),
         regenerates=data.get("regenerates"),
     )
-    job.model_version = lanes.pick_version(job.id)
+    job.model_version = data.get("model") or lanes.pick_version(job.id)
     cached = cache.lookup(job, shared)
     job.estimate = None
     if len(cached) < job.count:

@@ -163,40 +163,48 @@ class JobAppeal(APIView):
     get=extend_schema(operation_id="queue_retrieve", summary="Queue depth and estimated wait", responses={200: QueueSerializer})
 )
 class QueueView(APIView):
-    """Per model and shape: images queued, the estimated wait for a new job, live workers."""
+    """Per served model (one lane each) and shape: images queued, the estimated wait for a new
+    job, live workers."""
 
     def get(self, request):
-        from django.conf import settings
+        from scheduling import catalogue
 
-        from jobs.queue_summary import new_job_estimate, queue_counts
-        from scheduling import scheduler
+        return Response({"models": [_queue_of(served) for served in catalogue.served().values()]})
 
-        # From the per-shape summary (jobs/queue_summary.py), not a replay per shape per request.
-        model = settings.IMAGEGEN_MODEL_NAME
-        shapes = []
-        for shape, counts in sorted(queue_counts(model).items()):
-            info = scheduler.parse_shape(shape)
-            est = new_job_estimate(shape, 1, model_name=model)
-            shapes.append({
-                **info,
-                "jobs": counts["jobs"],
-                "images": counts["images"],
-                "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
-            })
-        est = new_job_estimate(scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, *settings.IMAGEGEN_SIZE_MENU[0],
-                                                   settings.IMAGEGEN_DEFAULT_STEPS, settings.IMAGEGEN_DEFAULT_GUIDANCE, ""), 1,
-                               model_name=model)
-        return Response({
-            "models": [{
-                "model": model,
-                "version": settings.IMAGEGEN_MODEL_VERSION,
-                "active_workers": est.active_gpus,
-                "queued_images": est.queued_images,
-                "queued_gpu_seconds": round(est.work_ahead_seconds, 3),
-                "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
-                "shapes": shapes,
-            }]
+
+def _queue_of(served) -> dict:
+    from jobs.queue_summary import new_job_estimate, queue_counts
+    from scheduling import scheduler
+    from scheduling.lanes import lane_of
+
+    # From the per-shape summary (jobs/queue_summary.py), not a replay per shape per request.
+    lane = lane_of(served.version)
+    shapes = []
+    for shape, counts in sorted(queue_counts(lane).items()):
+        info = scheduler.parse_shape(shape)
+        est = new_job_estimate(shape, 1, model_name=lane)
+        shapes.append({
+            **info,
+            "jobs": counts["jobs"],
+            "images": counts["images"],
+            "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
         })
+    est = new_job_estimate(scheduler.shape_key(served.version, *settings.IMAGEGEN_SIZE_MENU[0], served.default_steps,
+                                               served.guidance_scale, ""), 1, model_name=lane)
+    return {
+        "model": lane,
+        "version": served.version,
+        "display_name": served.label,
+        "default": served.default,
+        "default_steps": served.default_steps,
+        "max_steps": served.max_steps,
+        "guidance_scale": served.guidance_scale,
+        "active_workers": est.active_gpus,
+        "queued_images": est.queued_images,
+        "queued_gpu_seconds": round(est.work_ahead_seconds, 3),
+        "estimated_wait_seconds": None if est.eta_seconds is None else round(est.eta_seconds, 2),
+        "shapes": shapes,
+    }
 
 
 @extend_schema_view(

@@ -7,6 +7,8 @@ from django.views.decorators.csrf import ensure_csrf_cookie
 @login_required
 @ensure_csrf_cookie  # the page's script reads csrftoken for X-CSRFToken on POSTs
 def index(request):
+    from scheduling import catalogue
+
     sizes = [f"{w}x{h}" for w, h in settings.IMAGEGEN_SIZE_MENU]
     return render(
         request,
@@ -20,5 +22,6 @@ def index(request):
             "default_guidance": settings.IMAGEGEN_DEFAULT_GUIDANCE,
             "max_prompt_chars": settings.IMAGEGEN_MAX_PROMPT_CHARS,
             "output_formats": ["png", "jpeg", "webp"],
+            "models": list(catalogue.served().values()),
         },
     )

@@ -23,6 +23,11 @@ def lane_of(model_version: str) -> str:
     return f"{settings.IMAGEGEN_MODEL_NAME}@{model_version}"
 
 
+def lane_of_shape(shape: str) -> str:
+    """The lane whose queue holds a shape (a shape key starts with its model version)."""
+    return lane_of(shape.split("|", 1)[0])
+
+
 def pick_version(job_id) -> str:
     """The canary takes IMAGEGEN_CANARY_SHARE of new jobs, chosen by the job id (stable)."""
     share = settings.IMAGEGEN_CANARY_SHARE

@@ -221,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
         token = manage("issue_token", "demo", "--password", "demo", "--rotate", env=env).strip().splitlines()[-1]
         manage("issue_token", "moderator", "--password", "moderator", "--moderator", "--rotate", env=env)
 
-        gpu_queue = env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
+        # One GPU worker serves every served model's lane (the teacher and the distilled student
+        # by default): on a small machine one process holding both beats two competing for cores.
+        gpu_queue = manage("served_models", "--queues", env=env).strip().splitlines()[-1]
         classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")
         cpu_queues = f"{env.get('IMAGEGEN_QUEUE_CPU', 'cpu')},{env.get('IMAGEGEN_QUEUE_IO', 'io')},{classify_queue}"
         celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]

@@ -4,7 +4,7 @@
   "use strict";
   const { $, api, el, show, seconds } = window.imagegen;
 
-  const FIELDS = ["prompt", "negative_prompt", "size", "steps", "count", "seed", "guidance_scale", "output_format", "allow_degrade"];
+  const FIELDS = ["prompt", "negative_prompt", "model", "size", "steps", "count", "seed", "guidance_scale", "output_format", "allow_degrade"];
   const FIELD_OF = { width: "size", height: "size" };  // API field -> form field
   let countdown = null;
 
@@ -56,6 +56,7 @@
       steps: Number(form.steps.value), count: Number(form.count.value),
       output_format: form.output_format.value, allow_degrade: form.allow_degrade.checked,
     };
+    if (form.model && form.model.value) body.model = form.model.value;
     if (form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();
     if (form.seed.value !== "") body.seed = Number(form.seed.value);
     if (form.guidance_scale.value !== "") body.guidance_scale = Number(form.guidance_scale.value);
@@ -194,6 +195,10 @@
     const form = $("generate");
     form.prompt.value = job.prompt;
     form.negative_prompt.value = job.negative_prompt || "";
+    if (form.model && job.model && [...form.model.options].some((o) => o.value === job.model)) {
+      form.model.value = job.model;
+      modelChosen(false);
+    }
     form.size.value = `${job.width}x${job.height}`;
     form.steps.value = String(job.requested_steps || job.steps);
     form.count.value = String(job.count);
@@ -209,8 +214,23 @@
     form.prompt.focus();
   }
 
+  // A model brings its own steps and guidance (a distilled one runs in a few steps).
+  function modelChosen(setDefaults) {
+    const option = $("model").selectedOptions[0];
+    if (!option) return;
+    $("steps").max = option.dataset.maxSteps;
+    if (setDefaults) {
+      $("steps").value = option.dataset.steps;
+      $("guidance_scale").value = option.dataset.guidance;
+    }
+  }
+
   function init() {
     const form = $("generate");
+    if ($("model")) {
+      $("model").addEventListener("change", () => modelChosen(true));
+      modelChosen(false);
+    }
     form.addEventListener("submit", submit);
     form.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {

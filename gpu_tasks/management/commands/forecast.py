@@ -41,22 +41,57 @@ class Command(BaseCommand):
         ))
         result["size"] = f"{width}x{height}"
         result["measured"] = measured
+        result["models"] = self._per_model(o, width, height, step1, best, best_batch, bytes_per_image)
         if not o["as_json"]:
             self._table(result)
+            self._models_table(result["models"])
         self.stdout.write(json.dumps(result, indent=None if o["as_json"] else 2))
 
-    def _measure(self, width, height, steps, batches):
+    def _per_model(self, o, width, height, step1, best, best_batch, bytes_per_image) -> list[dict]:
+        """Each served version at its own default steps: GPU-seconds and price per image. The
+        default version reuses the figures above; another is measured on its own pipeline
+        (with --step-ms, the same per-step time is assumed for every version)."""
+        from scheduling import catalogue
+
+        rows = []
+        for served in catalogue.served().values():
+            steps = o["steps"] if served.default else served.default_steps
+            s1, sb, bb = step1, best, best_batch
+            if not served.default and o["step_ms"] is None:
+                s1, sb, bb, _, _ = self._measure(width, height, steps, o["batches"], served.version, served.guidance_scale)
+            r = forecast(Inputs(
+                images_per_day=o["images_per_day"], gpu_hour_price=o["gpu_hour_price"], steps=steps,
+                step_seconds_batch1=s1, step_seconds_best=sb, best_batch=bb, utilization=o["utilization"],
+                cache_hit_rate=o["cache_hit_rate"], bytes_per_image=bytes_per_image, peak_factor=o["peak_factor"],
+            ))
+            rows.append({
+                "version": served.version, "default": served.default, "steps": steps,
+                "gpu_seconds_per_image": r["best_batch"]["gpu_seconds_per_image"],
+                "cost_per_image": r["best_batch"]["cost_per_image"],
+                "fleet_cost_per_image": r["best_batch"]["fleet_cost_per_image"],
+                "fleet_gpus": r["best_batch"]["fleet_gpus"], "best_batch": bb,
+            })
+        return rows
+
+    def _models_table(self, rows: list[dict]) -> None:
+        self.stdout.write("")
+        self.stdout.write(f"{'model version':24s} {'steps':>5s} {'GPU-s/image':>12s} {'$/image':>10s} {'$/image (fleet)':>16s}")
+        for r in rows:
+            self.stdout.write(f"{r['version'] + (' (default)' if r['default'] else ''):24s} {r['steps']:5d} "
+                              f"{r['gpu_seconds_per_image']:12.4g} {r['cost_per_image']:10.6f} {r['fleet_cost_per_image']:16.6f}")
+
+    def _measure(self, width, height, steps, batches, version=None, guidance=None):
         from gpu_tasks.pipeline import Row, get_model
         from jobs.encoding import encode
 
-        model = get_model()
+        model = get_model(version)
         per_step = {}
         image = None
         for b in (int(x) for x in batches.split(",")):
             rows = [Row("forecast", i, f"a red circle on a blue background {i}", "", i) for i in range(b)]
-            model.generate(rows, width, height, 2, 5.0)  # warm-up
+            model.generate(rows, width, height, 2, guidance if guidance is not None else settings.IMAGEGEN_DEFAULT_GUIDANCE)  # warm-up
             started = time.perf_counter()
-            images = model.generate(rows, width, height, steps, 5.0)
+            images = model.generate(rows, width, height, steps, guidance if guidance is not None else settings.IMAGEGEN_DEFAULT_GUIDANCE)
             per_step[b] = (time.perf_counter() - started) / (b * steps)
             image = images[0]
         best_batch = min(per_step, key=per_step.get)

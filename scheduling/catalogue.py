@@ -1,0 +1,125 @@
+"""The served models: which versions a job may name, where each loads from, and its serving
+profile (default steps and guidance, the steps it is meant for).
+
+The deployment's own version (IMAGEGEN_MODEL_VERSION at IMAGEGEN_MODEL_PATH) is the default;
+IMAGEGEN_EXTRA_MODELS adds others that a job selects with its `model` field (by default the
+shipped distilled student, models/shapes-v1-lcm, beside the shipped teacher). Each version runs
+on its own lane (scheduling/lanes.py: the default on gpu.<name>, any other on
+gpu.<name>@<version>), so it has its own batches, cache keys, estimates and metrics. A
+canary version (IMAGEGEN_CANARY_VERSION) is not selectable: it takes a share of the default's
+traffic instead.
+
+A model folder may carry `serving.json` with its profile:
+
+    {"default_steps": 4, "guidance_scale": 1.0, "max_steps": 8, "label": "fast (distilled)",
+     "quality_steps": {"low": 2, "medium": 4, "high": 8}}
+
+Absent keys fall back to the deployment's defaults (IMAGEGEN_DEFAULT_STEPS and so on).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    version: str
+    path: Path
+    default_steps: int
+    max_steps: int
+    guidance_scale: float
+    label: str
+    default: bool  # the deployment's own version
+    quality_steps: dict  # OpenAI quality tier -> steps on this model (jobs/openai_compat.py)
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.version,
+            "label": self.label,
+            "default": self.default,
+            "default_steps": self.default_steps,
+            "max_steps": self.max_steps,
+            "guidance_scale": self.guidance_scale,
+        }
+
+
+def _profile(path: Path) -> dict:
+    try:
+        data = json.loads((Path(path) / "serving.json").read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s/serving.json: %s", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _served_model(version: str, path: Path, default: bool) -> ServedModel:
+    prof = {} if default else _profile(path)
+    max_steps = min(settings.IMAGEGEN_MAX_STEPS, int(prof.get("max_steps", settings.IMAGEGEN_MAX_STEPS)))
+    steps = int(prof.get("default_steps", settings.IMAGEGEN_DEFAULT_STEPS))
+    return ServedModel(
+        version=version,
+        path=Path(path),
+        default_steps=max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, steps)),
+        max_steps=max_steps,
+        guidance_scale=float(prof.get("guidance_scale", settings.IMAGEGEN_DEFAULT_GUIDANCE)),
+        label=str(prof.get("label", version)),
+        default=default,
+        quality_steps={str(k): int(v) for k, v in dict(prof.get("quality_steps", {})).items()},
+    )
+
+
+@lru_cache(maxsize=8)
+def _catalogue(key: tuple) -> dict[str, ServedModel]:
+    default_version, default_path, extra = key
+    models = {default_version: _served_model(default_version, Path(default_path), True)}
+    for version, path in extra:
+        if version != default_version:
+            models[version] = _served_model(version, Path(path), False)
+    return models
+
+
+def served() -> dict[str, ServedModel]:
+    """Every selectable version, the default first."""
+    extra = tuple(sorted(settings.IMAGEGEN_EXTRA_MODELS.items()))
+    return _catalogue((settings.IMAGEGEN_MODEL_VERSION, str(settings.IMAGEGEN_MODEL_PATH), extra))
+
+
+def default() -> ServedModel:
+    return served()[settings.IMAGEGEN_MODEL_VERSION]
+
+
+def get(version: str | None) -> ServedModel | None:
+    """The served model named `version` (None or "": the default); None if not served."""
+    if not version:
+        return default()
+    return served().get(version)
+
+
+def path_for(version: str) -> Path:
+    """Where a GPU worker loads `version` from: the catalogue's path, or the worker's own
+    IMAGEGEN_MODEL_PATH for its own version (a canary worker is started with the canary's)."""
+    found = served().get(version)
+    if found is None:
+        raise LookupError(f"model version {version!r} is not served here (IMAGEGEN_MODEL_VERSION, IMAGEGEN_EXTRA_MODELS)")
+    return found.path
+
+
+def version_of_lane(lane: str) -> str:
+    """The model version a lane serves (the inverse of lanes.lane_of)."""
+    name = settings.IMAGEGEN_MODEL_NAME
+    if lane == name:
+        return settings.IMAGEGEN_MODEL_VERSION
+    if lane.startswith(name + "@"):
+        return lane[len(name) + 1:]
+    return lane

@@ -1,0 +1,119 @@
+"""More than one served model: a job names its model (native API and the OpenAI route), runs on
+that model's own lane and records its version; the model's serving profile gives its default
+steps; GET /v1/models lists every version; the forecast prices each; the page offers the choice."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from pathlib import Path
+
+import numpy as np
+import pytest
+from django.core.management import call_command
+
+from gpu_tasks.tiny_pipeline import write_tiny_pipeline
+from scheduling import catalogue
+from scheduling.lanes import gpu_queue, lane_of
+from tests.conftest import wait_for_status
+from tests.test_generation import pixels, submit
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FAST = "tiny-fast"
+
+
+@pytest.fixture
+def fast_model(settings):
+    """A second served version (other weights) with a serving profile of few steps."""
+    path = Path(settings.VAR_DIR) / "models" / FAST
+    if not (path / "model_index.json").exists():
+        write_tiny_pipeline(path, seed=2)
+    (path / "serving.json").write_text(json.dumps({
+        "default_steps": 2, "max_steps": 6, "guidance_scale": 1.5, "label": "fast",
+        "quality_steps": {"low": 1, "medium": 2, "high": 4},
+    }))
+    settings.IMAGEGEN_EXTRA_MODELS = {FAST: str(path)}
+    return path
+
+
+def test_the_catalogue_lists_the_default_first_and_the_extra_version_with_its_profile(fast_model, settings):
+    served = catalogue.served()
+    assert list(served) == [settings.IMAGEGEN_MODEL_VERSION, FAST]
+    fast = served[FAST]
+    assert (fast.default_steps, fast.max_steps, fast.guidance_scale, fast.default) == (2, 6, 1.5, False)
+    assert catalogue.version_of_lane(lane_of(FAST)) == FAST
+    assert catalogue.version_of_lane(lane_of(settings.IMAGEGEN_MODEL_VERSION)) == settings.IMAGEGEN_MODEL_VERSION
+    out = StringIO()
+    call_command("served_models", "--queues", stdout=out)
+    assert out.getvalue().strip() == f"{settings.QUEUE_GPU},{gpu_queue(lane_of(FAST))}"
+
+
+def test_an_unknown_model_or_too_many_steps_for_it_is_a_400_naming_the_field(fast_model, alice_api):
+    r = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": "nope"}, format="json")
+    assert r.status_code == 400 and "model" in r.json(), r.content
+    assert FAST in json.dumps(r.json())
+    r = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": FAST, "steps": 7}, format="json")
+    assert r.status_code == 400 and "steps" in r.json(), r.content
+
+
+def test_a_job_naming_the_second_model_runs_on_its_lane_at_its_steps_and_records_its_version(
+        fast_model, workers, start_worker, alice_api, settings):
+    lane = lane_of(FAST)
+    # One GPU worker for both lanes, as `make run` starts it on a small machine.
+    both = start_worker("gpu-both", f"{settings.QUEUE_GPU},{gpu_queue(lane)}", IMAGEGEN_EXTRA_MODELS=f"{FAST}={fast_model}")
+    r = alice_api.post("/api/v1/jobs", {"prompt": "a green square", "width": 64, "height": 64, "seed": 99, "model": FAST},
+                       format="json")
+    assert r.status_code == 202, r.content
+    fast = r.json()
+    assert fast["model"] == FAST and fast["steps"] == 2 and fast["guidance_scale"] == 1.5
+    done = wait_for_status(fast["id"], ("done",))
+    assert done.model_version == FAST and done.batch.lane == lane
+    assert done.batch.worker.endswith(f":{both.proc.pid}"), "only the worker consuming the lane ran it"
+    again = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5,
+                                   model=FAST)["id"], ("done",))
+    assert again.id != done.id
+    default = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5)["id"],
+                              ("done",))
+    assert default.model_version == settings.IMAGEGEN_MODEL_VERSION and default.batch.lane == settings.IMAGEGEN_MODEL_NAME
+    assert np.array_equal(pixels(done.id)[0], pixels(again.id)[0]), "deterministic on its own model"
+    assert not np.array_equal(pixels(done.id)[0], pixels(default.id)[0]), "two models, two outputs"
+    queue = alice_api.get("/api/v1/queue").json()["models"]
+    assert [m["version"] for m in queue] == [settings.IMAGEGEN_MODEL_VERSION, FAST]
+    assert queue[1]["model"] == lane and queue[1]["active_workers"] >= 1 and queue[1]["default_steps"] == 2
+
+
+def test_openai_models_list_both_and_a_quality_tier_can_pick_the_fast_model(fast_model, alice, settings):
+    from rest_framework.test import APIClient
+
+    from jobs import openai_compat
+
+    alice_api = APIClient()
+    alice_api.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
+
+    listed = alice_api.get("/v1/models").json()["data"]
+    assert [m["id"] for m in listed] == [settings.IMAGEGEN_MODEL_VERSION, FAST]
+    assert alice_api.get(f"/v1/models/{FAST}").json()["id"] == FAST
+    assert alice_api.get("/v1/models/nope").status_code == 404
+    settings.IMAGEGEN_QUALITY_MODELS = {"low": FAST}
+    assert openai_compat.native_fields({"quality": "low"})["model"] == FAST
+    assert openai_compat.native_fields({"quality": "low"})["steps"] == 2  # the fast model's default
+    assert openai_compat.native_fields({"quality": "high", "model": FAST})["steps"] == 4  # its own tiers
+    assert openai_compat.native_fields({"quality": "high"})["model"] == ""  # the default model
+    r = alice_api.post("/v1/images/generations", {"prompt": "a red circle", "model": "nope"}, format="json")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def test_the_forecast_prices_each_served_version_at_its_own_steps(fast_model, settings):
+    out = StringIO()
+    call_command("forecast", "--images-per-day", "10000", "--gpu-hour-price", "2", "--step-ms", "10", "--json", stdout=out)
+    models = {m["version"]: m for m in json.loads(out.getvalue())["models"]}
+    assert set(models) == {settings.IMAGEGEN_MODEL_VERSION, FAST}
+    assert models[FAST]["steps"] == 2
+    ratio = models[FAST]["gpu_seconds_per_image"] / models[settings.IMAGEGEN_MODEL_VERSION]["gpu_seconds_per_image"]
+    assert ratio == pytest.approx(2 / settings.IMAGEGEN_DEFAULT_STEPS)
+
+
+def test_the_page_offers_the_model_choice_with_each_models_steps(fast_model, alice, client):
+    client.force_login(alice)
+    page = client.get("/").content.decode()
+    assert 'id="model"' in page and f'value="{FAST}" data-steps="2" data-max-steps="6"' in page
