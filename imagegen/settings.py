@@ -387,7 +387,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "persistAuthorization": True},
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus"},
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus", "OutputFormatEnum": "jobs.models.OutputFormat"},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.schema.document_plain_views"],
 }
 

@@ -146,6 +146,8 @@ def test_the_queue_endpoint_and_a_queued_job_reflect_submitted_work(workers, ali
     last = alice_api.get(f"/api/v1/jobs/{ids[-1]}").json()
     first = alice_api.get(f"/api/v1/jobs/{ids[0]}").json()
     assert last["status"] == "queued" and last["queue_position"] > first["queue_position"]
-    assert last["eta_seconds"] >= first["eta_seconds"] > 0
+    # The same bucket: the later job's ETA is not earlier, up to the summary being recomputed
+    # between the two reads (its samples then move by a few hundredths of a second).
+    assert last["eta_seconds"] >= first["eta_seconds"] - 0.25 and first["eta_seconds"] > 0
     for job_id in ids + [blocker["id"]]:
         wait_for_status(job_id, ("done",))

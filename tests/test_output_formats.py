@@ -101,8 +101,10 @@ def test_bad_format_fields_are_400_naming_the_field(alice_api):
         assert response.status_code == 400 and field in response.json(), response.json()
 
 
-def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice_api, bob_api):
+def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice_api, bob_api, settings):
     from django.contrib.auth import get_user_model
+
+    settings.IMAGEGEN_CACHE_SCOPE = "global"  # shared across users (the default keeps each user's own)
 
     from jobs.actions import reject_delivered
     from jobs.storage import public_storage

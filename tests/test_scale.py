@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu_tasks.pipeline import Row
+from gpu_tasks.pipeline import Row, preview_size
 from gpu_tasks.simulated import SimulatedModel, step_seconds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
@@ -25,11 +25,13 @@ def test_the_simulated_accelerator_sleeps_by_its_cost_model_and_makes_determinis
     elapsed = time.monotonic() - started
     expected = 8 * step_seconds(4, 64, 64)
     assert expected == pytest.approx(8 * 0.005 * 2.5)
-    assert expected * 0.9 <= elapsed < expected + 0.5
+    assert elapsed >= expected * 0.9  # it sleeps its cost model's time (an upper bound would time the machine)
     again = model.generate(rows[:1], 64, 64, 2, 5.0)
     assert np.array_equal(np.asarray(images[0]), np.asarray(again[0]))
     assert not np.array_equal(np.asarray(images[0]), np.asarray(images[1]))
-    assert model.preview(rows, 0, 64, 64).startswith("data:image/jpeg;base64,")
+    preview = model.preview_images(rows, [0], 64, 64)[0]
+    assert preview.size == preview_size(64, 64)
+    assert np.asarray(preview).std() > 0, "a picture, not a blank"
 
 
 def test_the_simulated_loop_stops_when_asked(settings):

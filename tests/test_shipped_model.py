@@ -85,7 +85,7 @@ def test_classifier_star_vs_circle():
     from training.shapes_data import SampleGT, ShapeGT, render
 
     clf = ShapesClassifier.from_pretrained(CLASSIFIER)
-    assert clf.labels == ["circle", "square", "triangle", "star", "heart"]
+    assert list(clf.labels) == ["circle", "square", "triangle", "star", "heart"]
     assert clf.version == "shapes-classifier-v1"
     star = render(SampleGT("blue", [ShapeGT("star", "yellow", "large", 32, 32, 17)]))
     circle = render(SampleGT("white", [ShapeGT("circle", "red", "large", 30, 33, 16)]))

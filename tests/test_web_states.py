@@ -160,6 +160,11 @@ def test_queued_shows_position_and_an_eta_that_updates(workers, daphne_server, a
     sign_in(page, daphne_server, alice)
     blocker = occupy_gpu(client_for(bob), steps=150)  # keeps the GPU worker busy for seconds
     ahead = client_for(bob).post("/api/v1/jobs", {"prompt": "a green square", "steps": 4}, format="json").json()
+    # Queued in the scheduler (its prompt check done) before ours is submitted: on a loaded
+    # machine the two prompt checks could otherwise finish in either order.
+    deadline = time.monotonic() + 30
+    while GenerationJob.objects.filter(id=ahead["id"], scheduled_at=None).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         page.get_by_label("Prompt", exact=True).fill(PROMPT)
         page.get_by_label("Steps", exact=True).fill("4")
