@@ -1,4 +1,4 @@
-"""Fleet simulation: the real scheduler policy (gpu_tasks/policy.py, held identical to the Lua
+"""Fleet simulation: the real scheduler policy (scheduling/policy.py, held identical to the Lua
 in Redis by tests/test_scheduler_policy.py) driven by a discrete-event clock (no sleeping) for
 a fleet of simulated GPUs and a day of traffic with a diurnal curve and bursts.
 
@@ -19,7 +19,6 @@ import json
 import math
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +66,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
     def per_image_seconds(shape: str) -> float:
         return pass_seconds(shape, 1)
 
-    buckets: dict[str, deque] = {}
+    buckets: policy.Buckets = {}
     queued_seconds = 0.0
     idle = list(range(gpus))
     events: list = []  # (time, kind, gpu, payload)
@@ -103,8 +102,8 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
         busy_seconds += seconds
         images_done += n
         fills.append(n / cap)
-        for _, _, t in taken:
-            waits.append(now - t)
+        for e in taken:
+            waits.append(now - e[2])
         heapq.heappush(events, (now + seconds, 2, gpu, None))
 
     started = time.perf_counter()
@@ -154,7 +153,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
                     continue
             accepted += 1
             job_seq += 1
-            buckets.setdefault(shape, deque()).append((str(job_seq), count, t_arrival))
+            policy.push(buckets, shape, (str(job_seq), count, t_arrival, str(job_seq), policy.INTERACTIVE))
             queued_seconds += cost
             while idle and buckets:
                 free = idle.pop()

@@ -41,7 +41,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import actions, openai_compat, openai_stream, tokens
+from jobs import actions, idempotency, openai_compat, openai_stream, tokens
 from jobs.api_errors import exception_handler as native_exception_handler
 from jobs.client_gone import CLIENT_GONE
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
@@ -414,7 +414,9 @@ class ImageGenerations(OpenAICompatibleView):
         form.is_valid(raise_exception=True)
         attrs = form.validated_data
         try:
-            job = submit_job(request.user, _native_data(attrs))
+            job, _ = idempotency.submitting(request, "openai", lambda: submit_job(request.user, _native_data(attrs)))
+        except idempotency.IdempotencyError as exc:
+            raise OpenAIError(exc.status, exc.message, param=idempotency.HEADER, code="idempotency_key") from exc
         except Refused as refused:
             raise OpenAIError(
                 429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from imagegen import metrics
-from jobs import actions, usage
+from jobs import actions, idempotency, usage
 from jobs.admission import Refused
 from jobs.models import GeneratedImage, GenerationJob
 from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
@@ -81,10 +81,14 @@ class JobListCreate(ListAPIView):
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            job = submit_job(request.user, serializer.validated_data)
+            job, replayed = idempotency.submitting(request, "jobs", lambda: submit_job(request.user, serializer.validated_data))
+        except idempotency.IdempotencyError as exc:
+            return Response({"detail": exc.message, idempotency.HEADER: [exc.message]}, status=exc.status)
         except Refused as refused:
             metrics.inc("imagegen_shed_total", limit=refused.limit)
             return refused_response(refused)
+        if replayed:  # the job an earlier request with this Idempotency-Key made
+            return Response(JobSerializer(job, context={"estimate": True}).data, status=status.HTTP_200_OK)
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
