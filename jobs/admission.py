@@ -111,14 +111,15 @@ def _awaiting_prompt_check() -> list[tuple[str, policy.Entry]]:
 
 
 FORECAST_LIMIT = 5000  # forecast arrivals one replay may add
+FORECAST_OWNER = "\0forecast"  # forecast arrivals share one fair-share flow: the rest of the traffic
 
 
 def replay(buckets: policy.Buckets, free_in: list[float], target: str, now: float, costs: dict,
            rates: dict[str, float] | None = None, weights: dict[str, float] | None = None) -> float | None:
     """Seconds from now until the pass that takes `target` ends, replaying the scheduler on the
     queued work with the GPUs free after `free_in` seconds, while work keeps arriving at the
-    measured `rates` (images per second per shape; one-image interactive jobs of owners with
-    nothing queued, evenly spaced). None if the target is never taken."""
+    measured `rates` (images per second per shape; one-image interactive jobs, evenly spaced,
+    as one fair-share flow). None if the target is never taken."""
     return replay_all(buckets, free_in, {target}, now, costs, rates, weights).get(target)
 
 
@@ -138,7 +139,7 @@ def replay_all(buckets: policy.Buckets, free_in: list[float], targets: set[str],
         for shape in next_at:
             while next_at[shape] <= t and made < FORECAST_LIMIT:
                 job = f"\0forecast{made}"
-                policy.push(buckets, shape, (job, 1, now + next_at[shape], job, policy.INTERACTIVE))
+                policy.push(buckets, shape, (job, 1, now + next_at[shape], FORECAST_OWNER, policy.INTERACTIVE))
                 next_at[shape] += step[shape]
                 made += 1
 

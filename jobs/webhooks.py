@@ -99,6 +99,13 @@ def verify(secret: str, headers: dict, body: str, tolerance: float = 300.0) -> b
 
 # --- targets ---
 
+def _is_loopback_literal(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     return ip.is_global and not ip.is_multicast
@@ -135,6 +142,8 @@ def _parts(url: str) -> tuple[str, str, int, str]:
         raise WebhookURLError("must be an https URL (http is allowed only to loopback when embedded)")
     if not parts.hostname:
         raise WebhookURLError("has no host")
+    if scheme == "http" and parts.hostname != "localhost" and not _is_loopback_literal(parts.hostname):
+        raise WebhookURLError("must be an https URL (http is allowed only to a loopback address when embedded)")
     if parts.username or parts.password:
         raise WebhookURLError("must not carry a user name or password")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")

@@ -44,7 +44,7 @@ Entry = tuple[str, int, float, str, int]
 INTERACTIVE, BATCH = 0, 1
 TIERS = (INTERACTIVE, BATCH)
 TIER_NAMES = ("interactive", "batch")
-HEAD_SCAN = 128  # entries read from the head of each tier of a bucket (the Lua reads the same)
+HEAD_SCAN = 64  # entries read from the head of each tier of a bucket (the Lua reads the same)
 MIN_WEIGHT = 0.1  # bounds the rounds one take runs
 
 

@@ -40,7 +40,7 @@ def summary_lane(redis_client, settings):
     settings.IMAGEGEN_STARVATION_SECONDS = 10.0
 
     def clean():
-        for pattern in (f"{PREFIX}q:{MODEL}v|*", f"{PREFIX}shapes:{MODEL}", f"{PREFIX}summary:{MODEL}*",
+        for pattern in (f"{PREFIX}q:{MODEL}v|*", f"{PREFIX}qb:{MODEL}v|*", f"{PREFIX}drr:{MODEL}v|*", f"{PREFIX}shapes:{MODEL}", f"{PREFIX}summary:{MODEL}*",
                         f"{PREFIX}arr:{MODEL}:*", f"{PREFIX}workers:{MODEL}"):
             for key in redis_client.scan_iter(pattern):
                 redis_client.delete(key)

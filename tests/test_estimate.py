@@ -15,7 +15,6 @@ A = scheduler.shape_key("m", 64, 64, 20, 5.0, "")
 B = scheduler.shape_key("m", 96, 96, 10, 5.0, "")
 
 
-@pytest.fixture
 def _buckets(jobs: dict) -> policy.Buckets:
     """The policy's buckets: each job its own owner, interactive."""
     out: policy.Buckets = {}
@@ -25,6 +24,7 @@ def _buckets(jobs: dict) -> policy.Buckets:
     return out
 
 
+@pytest.fixture
 def knobs(settings):
     settings.IMAGEGEN_BATCH_CAP = 4
     settings.IMAGEGEN_BATCH_CAPS = {}

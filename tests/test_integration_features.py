@@ -14,6 +14,7 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from imagegen.redis_client import get_redis
 from jobs import actions, webhooks
@@ -61,8 +62,10 @@ def test_a_bad_key_is_a_400_and_a_refused_submit_releases_its_key(alice_api, set
 
 
 @pytest.mark.django_db
-def test_openai_route_replays_the_same_job(alice_api, settings):
+def test_openai_route_replays_the_same_job(alice, settings):
     settings.IMAGEGEN_OPENAI_WAIT_SECONDS = 0.2  # nothing runs here: each answer is the 504 naming the job
+    alice_api = APIClient()
+    alice_api.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
     body = {"prompt": BODY["prompt"], "size": "64x64"}
     first = alice_api.post("/v1/images/generations", body, format="json", HTTP_IDEMPOTENCY_KEY="oa-1")
     again = alice_api.post("/v1/images/generations", body, format="json", HTTP_IDEMPOTENCY_KEY="oa-1")
