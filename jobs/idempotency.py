@@ -21,6 +21,17 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 HEADER = "Idempotency-Key"
+HEADER_DOC = (
+    "Optional, 1-255 printable ASCII characters. The same key and JSON body within 24 h answer with the "
+    "job the first request made (no second job); the same key with another body answers 422 naming this header."
+)
+
+
+def schema_parameter():
+    """The header as an OpenAPI parameter (drf-spectacular) for the submit routes."""
+    from drf_spectacular.utils import OpenApiParameter
+
+    return OpenApiParameter(HEADER, str, OpenApiParameter.HEADER, required=False, description=HEADER_DOC)
 MAX_KEY = 255
 WAIT_SECONDS = 10.0
 

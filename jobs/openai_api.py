@@ -392,11 +392,14 @@ class ImageGenerations(OpenAICompatibleView):
             "400 `model_not_found`, 401 `invalid_api_key`, 409 `job_cancelled`, 429 `rate_limit_exceeded`, "
             "500 `generation_failed`, 503 `service_unavailable`, 504 `timeout` (the job keeps running; its id "
             "is in the message, poll the native API). OpenAI clients retry 409, 429 and 5xx by default, and "
-            "each retry submits a new job: use `max_retries=0` where that matters."
+            "each retry submits a new job: use `max_retries=0` where that matters, or send an `Idempotency-Key` "
+            "header (the same key and body answer with the same job)."
         ),
         request=ImageGenerationSerializer,
+        parameters=[idempotency.schema_parameter()],
         responses={
             200: ImagesResponseSerializer,
+            422: OpenApiResponse(description="The Idempotency-Key was used with a different body (`param`: the header)."),
             409: OpenApiResponse(description="The job was cancelled (through the native API) while waiting."),
             500: OpenApiResponse(description="Generation failed (`generation_failed`)."),
             504: OpenApiResponse(description="Not finished in time (`timeout`); the job keeps running."),

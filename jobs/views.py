@@ -60,10 +60,13 @@ class NewestFirst(CursorPagination):
         description=(
             "Answers 202 with the job at once; the prompt is checked, then the job waits for a GPU batch. "
             "Sizes come from the size menu; `seed` null or absent picks one. 429 with Retry-After when an "
-            "admission limit refuses it."
+            "admission limit refuses it. With an `Idempotency-Key` already used with the same body: 200 and "
+            "that job; with another body: 422."
         ),
         request=JobCreateSerializer,
-        responses={202: JobSerializer, 429: RefusedSerializer},
+        parameters=[idempotency.schema_parameter()],
+        responses={202: JobSerializer, 200: JobSerializer, 429: RefusedSerializer,
+                   422: OpenApiResponse(description="The Idempotency-Key was used with a different body.")},
     ),
 )
 class JobListCreate(ListAPIView):
