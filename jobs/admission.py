@@ -308,14 +308,37 @@ def check_user_limits(user, images: int | None, priority: str = "interactive") -
 def current_estimate(shape: str, images: int, owner=None, tier: int = policy.INTERACTIVE) -> Estimate:
     """estimate(shape, images) for a new job, answered from the per-shape summary that
     jobs/queue_summary.py computes with estimate() once per interval (not a replay per request).
-    The summary answers for an owner with nothing queued (a new fair-share flow); an owner with
-    jobs in flight, or a batch job, gets its own replay (at most IMAGEGEN_USER_MAX_IN_FLIGHT
-    submits of theirs wait at a time, so this is bounded per user)."""
-    from jobs import queue_summary, usage
+    The summary answers for an owner with nothing queued (a new fair-share flow). A job goes
+    after its owner's own queued jobs of the shape, so for an owner with some the answer is at
+    least the time to run those and it in full passes on the live GPUs. A batch job gets its
+    own replay (it waits behind all interactive work; batch submits are rare and bounded by
+    IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT)."""
+    from jobs import queue_summary
 
-    if tier != policy.INTERACTIVE or (owner is not None and usage.jobs_in_flight(owner.pk, "interactive") > 0):
+    if tier != policy.INTERACTIVE:
         return estimate(shape, images, owner=str(owner.pk) if owner is not None else "", tier=tier)
-    return queue_summary.new_job_estimate(shape, images)
+    est = queue_summary.new_job_estimate(shape, images)
+    own = _own_queued_images(owner, shape) if owner is not None else 0
+    if own and est.eta_seconds is not None and est.active_gpus:
+        costs = cost_model.costs()
+        cap = _cap_of(shape)
+        passes = math.ceil((own + images) / cap)
+        own_drain = passes * pass_seconds(shape, cap, costs) / est.active_gpus + cost_model.overhead(costs)
+        if own_drain > est.eta_seconds:
+            return Estimate(own_drain, est.position, est.work_ahead_seconds, est.queued_images, est.active_gpus)
+    return est
+
+
+def _own_queued_images(owner, shape: str) -> int:
+    from django.db.models import Sum
+
+    from jobs.models import GenerationJob
+
+    info = scheduler.parse_shape(shape)
+    return GenerationJob.objects.filter(
+        owner_id=owner.pk, status="queued", priority="interactive", model_version=info["model_version"],
+        width=info["width"], height=info["height"], steps=info["steps"],
+    ).aggregate(n=Sum("billable_images"))["n"] or 0
 
 
 def _accepted(shape: str) -> None:

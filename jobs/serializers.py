@@ -119,6 +119,7 @@ def status_event(job: GenerationJob) -> dict:
 
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_version", read_only=True)
+    webhook_url = serializers.CharField(read_only=True, help_text="Where terminal statuses are POSTed, signed; empty: none.")
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()

@@ -103,8 +103,12 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
             # Nothing runs in this lane, so a fresh replay starts its idle GPUs at its own "now":
             # the summary, made `age` seconds earlier, is that much ahead of it. Each job's ETA is
             # its own from the summary's one replay (fair share does not serve in FIFO order).
+            # Forecast arrivals (at the measured rate, which the later replay reads a moment
+            # later) overtake a queued job of more images by rounds, so one of them more or less
+            # can move it by one pass of its shape.
             slack = time.time() - summary["at"] + 0.05
-            assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack)
+            one_pass = max(float(v) for k, v in summary_lane.hgetall(COST_KEY).items() if k.startswith(shape + "#"))
+            assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack + one_pass)
             if index in places:  # a job that joined since is interpolated between these samples
                 by_place = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL)
                 assert by_place.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack)

@@ -88,10 +88,10 @@ def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
         job = alice_api.post("/api/v1/jobs", {**BODY, "cancel_after": 1}, format="json").json()
     assert job["cancel_after"] == 1 and job["deadline_at"]
     row = GenerationJob.objects.get(id=job["id"])
-    assert row.status == "queued" and row.scheduled_at is not None
+    assert row.scheduled_at is not None  # admitted to the scheduler (no GPU worker serves this lane)
     done = wait_for_status(job["id"], ("cancelled",), timeout=30)
-    assert done.reason == actions.DEADLINE_REASON == "deadline passed"
-    assert done.charged_at is None and not UsageCharge.objects.filter(job_id=done.id).exists()
+    assert done.reason == "deadline passed"
+    assert done.started_at is None and done.charged_at is None and not UsageCharge.objects.filter(job_id=done.id).exists()
     shape = actions.shape_of(done)
     assert not get_redis().zrange(f"ig:q:{shape}", 0, -1)  # its bucket entry is gone
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["reason"] == "deadline passed"
