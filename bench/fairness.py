@@ -13,7 +13,8 @@ Reported per run, over jobs submitted in the measured window (after --warm-up se
 - light users' queue wait (admission to the GPU worker's claim) p50/p95, in seconds and in
   pass times (the mean seconds of a full pass, measured from the batches); goal p95 <= 2 passes;
 - the heavy user's throughput (images per second delivered);
-- batch fill (mean images per pass / cap) over the window's passes; goal: within 2% of FIFO;
+- batch fill (mean images per pass / cap) over the window's passes; goal: not below FIFO's by
+  more than 2 points;
 - Jain's fairness index over the four users of x_i = (images per job of user i) / (mean queue
   wait of user i): the service each user gets per second of waiting (1.0: all equal; 1/n: one
   user gets it all).
@@ -221,8 +222,9 @@ def main() -> None:
             "fair": fair,
             "goals": {
                 "light_p95_within_2_passes": (fair["light_wait_p95_passes"] or 1e9) <= 2.0,
-                "fill_within_2pct_of_fifo": fifo["fill"] is not None and fair["fill"] is not None
-                and abs(fair["fill"] - fifo["fill"]) <= 0.02,
+                # "fill unchanged within 2%": no lower than FIFO's by more than 2 points
+                "fill_not_below_fifo_by_2pct": fifo["fill"] is not None and fair["fill"] is not None
+                and fair["fill"] >= fifo["fill"] - 0.02,
             },
         }
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

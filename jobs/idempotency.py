@@ -47,7 +47,7 @@ class IdempotencyError(Exception):
 class Claim:
     """A reserved key: `job` set when the key was already used (replay); else remember() the
     new job, or release() on failure."""
-    row_id: int | None
+    row_id: int
     job: object | None = None
 
 
@@ -73,8 +73,8 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
         IdempotencyKey.objects.filter(user=user, scope=scope, key=key, created_at__lt=cutoff).delete()
         try:
             with transaction.atomic():
-                row = IdempotencyKey.objects.create(user=user, scope=scope, key=key, body_sha256=digest)
-            return Claim(row.id)
+                made = IdempotencyKey.objects.create(user=user, scope=scope, key=key, body_sha256=digest)
+            return Claim(made.id)
         except IntegrityError:
             pass
         row = IdempotencyKey.objects.filter(user=user, scope=scope, key=key).select_related("job").first()
