@@ -268,3 +268,42 @@ def test_redirects_are_not_followed_and_count_as_failures(alice, receiver):
     assert webhooks.deliver(str(row.id)) == "retry"
     row.refresh_from_db()
     assert row.delivered_at is None and "redirects are not followed" in row.last_error and row.last_status_code == 302
+
+
+# --- priority tiers: prices and limits; weights ---
+
+def test_the_forecast_prices_both_tiers():
+    from scheduling.forecast import Inputs, forecast
+
+    r = forecast(Inputs(images_per_day=50_000_000, gpu_hour_price=2, steps=30, step_seconds_batch1=0.040,
+                        step_seconds_best=0.020, best_batch=8, utilization=0.5))
+    # interactive: 1.2 GPU-s at batch 1 over a half-busy fleet; batch: 0.6 GPU-s in full passes at 90%.
+    assert r["price_per_image"]["interactive"] == pytest.approx(1.2 / 3600 * 2 / 0.5)
+    assert r["price_per_image"]["batch"] == pytest.approx(0.6 / 3600 * 2 / 0.9)
+
+
+@pytest.mark.django_db
+def test_batch_jobs_have_their_own_in_flight_limit_and_quota(alice_api, settings):
+    settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 1
+    settings.IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT = 2
+    settings.IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = 3
+    assert alice_api.post("/api/v1/jobs", BODY, format="json").status_code == 202
+    refused = alice_api.post("/api/v1/jobs", BODY, format="json")
+    assert refused.status_code == 429 and refused.json()["limit"] == "jobs_in_flight"
+    batch = {**BODY, "priority": "batch", "count": 2}
+    assert alice_api.post("/api/v1/jobs", batch, format="json").status_code == 202  # its own limits
+    over = alice_api.post("/api/v1/jobs", batch, format="json")
+    assert over.status_code == 429 and over.json()["limit"] == "images_per_day" and "batch" in over.json()["detail"]
+    account = alice_api.get("/api/v1/account").json()
+    assert account["interactive"]["jobs_in_flight"] == 1 and account["batch"]["images_today"] == 2
+
+
+def test_user_weights_are_read_and_checked(monkeypatch):
+    from imagegen.env import ImproperlyConfiguredEnv, env_weights
+
+    monkeypatch.setenv("IMAGEGEN_USER_WEIGHTS", "alice=4, bulk-bot=0.5")
+    assert env_weights("IMAGEGEN_USER_WEIGHTS") == {"alice": 4.0, "bulk-bot": 0.5}
+    for bad in ("alice", "alice=0", "alice=x", "=2"):
+        monkeypatch.setenv("IMAGEGEN_USER_WEIGHTS", bad)
+        with pytest.raises(ImproperlyConfiguredEnv):
+            env_weights("IMAGEGEN_USER_WEIGHTS")
