@@ -268,6 +268,17 @@ def test_redirects_are_not_followed_and_count_as_failures(alice, receiver):
     assert webhooks.deliver(str(row.id)) == "retry"
     row.refresh_from_db()
     assert row.delivered_at is None and "redirects are not followed" in row.last_error and row.last_status_code == 302
+    # Operators see each delivery's attempts in the admin.
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    staff = get_user_model().objects.create_superuser("ops", password="ops-pw")
+    admin = Client()
+    admin.force_login(staff)
+    listing = admin.get("/admin/jobs/webhookdelivery/")
+    assert listing.status_code == 200 and hook.url.encode() in listing.content
+    detail = admin.get(f"/admin/jobs/webhookdelivery/{row.id}/change/")
+    assert detail.status_code == 200 and b"redirects are not followed" in detail.content
 
 
 # --- priority tiers: prices and limits; weights ---
