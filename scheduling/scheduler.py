@@ -324,14 +324,20 @@ def arrival_rates(model: str, now: float | None = None) -> dict[str, float]:
     return {shape: n / span for shape, n in totals.items()}
 
 
+def _members(job_id: str, count: int, owner: str) -> list[str]:
+    """The forms the job's entry may have: with its owner, as its own flow, from before owners."""
+    return list(dict.fromkeys([member(job_id, count, owner or job_id), member(job_id, count, job_id), f"{job_id}:{count}"]))
+
+
 def remove(shape: str, job_id: str, count: int, owner: str = "", tier: int = policy.INTERACTIVE) -> None:
-    get_redis().zrem(_bucket_key(shape, tier), member(job_id, count, owner or job_id), f"{job_id}:{count}")
+    get_redis().zrem(_bucket_key(shape, tier), *_members(job_id, count, owner))
 
 
 def is_enqueued(shape: str, job_id: str, count: int, owner: str = "", tier: int = policy.INTERACTIVE) -> bool:
-    r = get_redis()
-    key = _bucket_key(shape, tier)
-    return r.zscore(key, member(job_id, count, owner or job_id)) is not None or r.zscore(key, f"{job_id}:{count}") is not None
+    pipe = get_redis().pipeline(transaction=False)
+    for value in _members(job_id, count, owner):
+        pipe.zscore(_bucket_key(shape, tier), value)
+    return any(score is not None for score in pipe.execute())
 
 
 _script = None
