@@ -246,7 +246,7 @@ def prefill(images: int, users: list[tuple[int, str]], rng: random.Random) -> li
     GenerationJob.objects.bulk_create(jobs, batch_size=2000)
     lane = lanes.lane_of(settings.IMAGEGEN_MODEL_VERSION)
     for job in jobs:
-        scheduler.enqueue(lane, shape_of(job), str(job.id), 1, job.scheduled_at.timestamp())
+        scheduler.enqueue(lane, shape_of(job), str(job.id), 1, job.scheduled_at.timestamp(), owner=str(job.owner_id))
     from imagegen.redis_client import PREFIX, get_redis
 
     r = get_redis()

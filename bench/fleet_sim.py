@@ -1,10 +1,14 @@
-"""Fleet simulation: the real scheduler policy (gpu_tasks/policy.py, held identical to the Lua
+"""Fleet simulation: the real scheduler policy (scheduling/policy.py, held identical to the Lua
 in Redis by tests/test_scheduler_policy.py) driven by a discrete-event clock (no sleeping) for
 a fleet of simulated GPUs and a day of traffic with a diurnal curve and bursts.
 
     .venv/bin/python bench/fleet_sim.py                      # 1,000 GPUs, 50M images/day, 24 h
     .venv/bin/python bench/fleet_sim.py --scale 0.1          # the same per GPU, a tenth of everything
     .venv/bin/python bench/fleet_sim.py --hours 1 --gpus 100 --images-per-day 5e6
+
+With --batch-share, that share of the jobs is sent as priority=batch: it waits behind the
+interactive work (its own wait limit, --batch-max-wait), so the same fleet runs fuller or a
+smaller one serves the day (--section names the section written, e.g. fleet_simulation_batch30).
 
 Reports utilisation, batch fill, p50/p99 queue wait, shed and degraded counts, the busy GPUs
 (which reproduce images x GPU-seconds per image / 86,400 s), and the fleet needed for the peak
@@ -19,7 +23,6 @@ import json
 import math
 import sys
 import time
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +53,7 @@ def rate_curve(hours: float, burst_every_h: float = 6.0, burst_len_s: float = 60
 
 def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: float, marginal: float,
              cap: int, fill_wait: float, starvation: float, max_wait: float, degrade_steps: int,
-             degrade_share: float, seed: int = 1) -> dict:
+             degrade_share: float, seed: int = 1, batch_share: float = 0.0, batch_max_wait: float = 21600.0) -> dict:
     rng = np.random.default_rng(seed)
     rel = rate_curve(hours)
     jobs_per_s = images_per_day / 86400.0 / MEAN_COUNT * rel
@@ -67,14 +70,17 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
     def per_image_seconds(shape: str) -> float:
         return pass_seconds(shape, 1)
 
-    buckets: dict[str, deque] = {}
-    queued_seconds = 0.0
+    buckets: policy.Buckets = {}
+    queued_seconds = 0.0  # interactive work queued (batch work never delays it by more than a pass)
+    queued_batch_seconds = 0.0
     idle = list(range(gpus))
     events: list = []  # (time, kind, gpu, payload)
     busy_seconds = 0.0
-    waits = []
+    waits: list[float] = []
+    batch_waits: list[float] = []
     fills = []
     shed = degraded = accepted = images_done = 0
+    batch_accepted = batch_shed = 0
     offered_per_hour = np.zeros(int(math.ceil(hours)))
     job_seq = 0
     horizon = len(arrivals_per_s)
@@ -82,14 +88,21 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
     def cap_of(shape: str) -> int:
         return cap
 
+    def dequeue(shape: str, taken: list) -> None:
+        nonlocal queued_seconds, queued_batch_seconds
+        for e in taken:
+            if e[4] == policy.BATCH:
+                queued_batch_seconds -= e[1] * per_image_seconds(shape)
+            else:
+                queued_seconds -= e[1] * per_image_seconds(shape)
+
     def dispatch(gpu: int, now: float) -> bool:
-        nonlocal queued_seconds
         got = policy.take(buckets, now, cap_of, starvation)
         if got is None:
             return False
         shape, taken = got
         n = sum(e[1] for e in taken)
-        queued_seconds -= n * per_image_seconds(shape)
+        dequeue(shape, taken)
         if n < cap:  # a partial batch waits up to the fill wait for more of its shape
             heapq.heappush(events, (now + fill_wait, 1, gpu, (shape, taken)))
         else:
@@ -103,8 +116,8 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
         busy_seconds += seconds
         images_done += n
         fills.append(n / cap)
-        for _, _, t in taken:
-            waits.append(now - t)
+        for e in taken:
+            (batch_waits if e[4] == policy.BATCH else waits).append(now - e[2])
         heapq.heappush(events, (now + seconds, 2, gpu, None))
 
     started = time.perf_counter()
@@ -116,6 +129,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
             shapes = rng.choice(len(SHAPES), size=k, p=shape_p)
             counts = rng.choice(count_vals, size=k, p=count_p)
             degrade_ok = rng.random(k) < degrade_share
+            is_batch = rng.random(k) < batch_share
         next_arrival = 0
         while True:
             t_arrival = second + offsets[next_arrival] if k and next_arrival < k else second + 1.0
@@ -127,7 +141,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
                     n = sum(e[1] for e in taken)
                     more = policy.take(buckets, t, cap_of, starvation, only_shape=shape, max_images=cap - n)
                     if more is not None:
-                        queued_seconds -= sum(e[1] for e in more[1]) * per_image_seconds(shape)
+                        dequeue(shape, more[1])
                         taken = taken + more[1]
                     if shape in buckets and not buckets[shape]:
                         del buckets[shape]
@@ -140,6 +154,21 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
             shape = SHAPES[shapes[next_arrival]][0]
             count = int(counts[next_arrival])
             cost = count * per_image_seconds(shape)
+            if is_batch[next_arrival]:  # its own wait limit; it waits behind the interactive work too
+                if (queued_seconds + queued_batch_seconds) / gpus + cost > batch_max_wait:
+                    batch_shed += 1
+                else:
+                    batch_accepted += 1
+                    job_seq += 1
+                    policy.push(buckets, shape, (str(job_seq), count, t_arrival, str(job_seq), policy.BATCH))
+                    queued_batch_seconds += cost
+                    while idle and buckets:
+                        free = idle.pop()
+                        if not dispatch(free, t_arrival):
+                            idle.append(free)
+                            break
+                next_arrival += 1
+                continue
             offered_per_hour[int(t_arrival // 3600)] += cost
             eta = queued_seconds / gpus + cost + fill_wait
             if eta > max_wait:
@@ -154,7 +183,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
                     continue
             accepted += 1
             job_seq += 1
-            buckets.setdefault(shape, deque()).append((str(job_seq), count, t_arrival))
+            policy.push(buckets, shape, (str(job_seq), count, t_arrival, str(job_seq), policy.INTERACTIVE))
             queued_seconds += cost
             while idle and buckets:
                 free = idle.pop()
@@ -165,6 +194,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
     wall = time.perf_counter() - started
     seconds = horizon
     waits_np = np.array(waits) if waits else np.array([0.0])
+    batch_np = np.array(batch_waits) if batch_waits else np.array([0.0])
     offered_busy = offered_per_hour / 3600.0
     peak_busy = float(offered_busy.max())
     return {
@@ -185,6 +215,12 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
         "mean_fill": float(np.mean(fills)) if fills else 0.0,
         "wait_p50_s": float(np.percentile(waits_np, 50)),
         "wait_p99_s": float(np.percentile(waits_np, 99)),
+        "batch_share": batch_share,
+        "batch_accepted_jobs": batch_accepted,
+        "batch_shed_jobs": batch_shed,
+        "batch_wait_p50_s": float(np.percentile(batch_np, 50)),
+        "batch_wait_p99_s": float(np.percentile(batch_np, 99)),
+        "batch_queued_at_end_s": queued_batch_seconds,
         "peak_hour_busy_gpus": peak_busy,
         "fleet_needed_for_peak_at_85pct": math.ceil(peak_busy / 0.85),
         "simulated_seconds": seconds,
@@ -207,10 +243,14 @@ def main() -> None:
     p.add_argument("--max-wait", type=float, default=120.0)
     p.add_argument("--degrade-steps", type=int, default=8)
     p.add_argument("--degrade-share", type=float, default=0.5, help="share of clients sending allow_degrade")
+    p.add_argument("--batch-share", type=float, default=0.0, help="share of the jobs sent as priority=batch")
+    p.add_argument("--batch-max-wait", type=float, default=21600.0, help="batch jobs' own wait limit, seconds")
+    p.add_argument("--section", default="fleet_simulation", help="the section of bench/results/scale.json to write")
     a = p.parse_args()
     gpus = max(1, round(a.gpus * a.scale))
     result = simulate(gpus, a.images_per_day * a.scale, a.hours, a.gpu_seconds_per_image, a.marginal, a.cap,
-                      a.fill_wait, a.starvation, a.max_wait, a.degrade_steps, a.degrade_share)
+                      a.fill_wait, a.starvation, a.max_wait, a.degrade_steps, a.degrade_share,
+                      batch_share=a.batch_share, batch_max_wait=a.batch_max_wait)
     result["command"] = "python bench/fleet_sim.py " + " ".join(sys.argv[1:])
     if a.scale != 1.0:
         result["scaled_back"] = {
@@ -222,7 +262,7 @@ def main() -> None:
         print(f"{k:34s} {v:.4g}" if isinstance(v, float) else f"{k:34s} {v}")
     out = ROOT / "bench" / "results" / "scale.json"
     data = json.loads(out.read_text()) if out.exists() else {}
-    data["fleet_simulation"] = result
+    data[a.section] = result
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))
 

@@ -107,6 +107,21 @@ def env_models(name: str, default: dict[str, str]) -> dict[str, str]:
     return models
 
 
+def env_weights(name: str) -> dict[str, float]:
+    """Per-user fair-share weights such as "alice=4,bulk-bot=0.5" (usernames; default 1; at least 0.1)."""
+    weights: dict[str, float] = {}
+    for item in env_list(name, []):
+        user, sep, value = item.rpartition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not sep or not user.strip() or not weight >= 0.1 or weight > 1000:
+            raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not USERNAME=WEIGHT with a weight from 0.1 to 1000")
+        weights[user.strip()] = weight
+    return weights
+
+
 _UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d*)\s*([a-z]+?)s?\s*$")
 

@@ -17,6 +17,7 @@ from imagegen.env import (
     env_rate,
     env_sizes,
     env_str,
+    env_weights,
 )
 from imagegen.secret_key import installation_secret_key
 
@@ -226,6 +227,11 @@ IMAGEGEN_BATCH_CAP = env_int("IMAGEGEN_BATCH_CAP", 8)  # images per pass, any sh
 IMAGEGEN_BATCH_CAPS = env_caps("IMAGEGEN_BATCH_CAPS")
 IMAGEGEN_FILL_WAIT = env_float("IMAGEGEN_FILL_WAIT", 0.3)  # seconds a partial batch waits for more
 IMAGEGEN_STARVATION_SECONDS = env_float("IMAGEGEN_STARVATION_SECONDS", 10.0)
+# Fair share inside a shape: deficit round robin by images across owners (scheduling/policy.py);
+# false takes each shape first-in first-out (the scheduler before fair share, for comparison).
+IMAGEGEN_FAIR_SHARE = env_bool("IMAGEGEN_FAIR_SHARE", True)
+# Per-user fair-share weights, "username=weight,..." (default 1): a weight of 2 gets twice the images per round.
+IMAGEGEN_USER_WEIGHTS = env_weights("IMAGEGEN_USER_WEIGHTS")
 IMAGEGEN_LEASE_SECONDS = env_float("IMAGEGEN_LEASE_SECONDS", 30.0)  # renewed while a batch runs
 IMAGEGEN_MAX_ATTEMPTS = env_int("IMAGEGEN_MAX_ATTEMPTS", 3)
 IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
@@ -245,6 +251,10 @@ IMAGEGEN_DEGRADE_STEPS = env_int("IMAGEGEN_DEGRADE_STEPS", 8)
 IMAGEGEN_MAX_QUEUED_IMAGES = env_int("IMAGEGEN_MAX_QUEUED_IMAGES", 2000)
 IMAGEGEN_USER_MAX_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_IN_FLIGHT", 16)
 IMAGEGEN_USER_MAX_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_IMAGES_PER_DAY", 1000)  # GPU images claimed in 24 h
+# priority=batch jobs: their own wait limit (they wait behind interactive work) and limits.
+IMAGEGEN_BATCH_MAX_QUEUE_WAIT = env_float("IMAGEGEN_BATCH_MAX_QUEUE_WAIT", 6 * 3600.0)
+IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT", 64)
+IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY", 5000)
 # Every prompt check counts, whatever it decides (blocked prompts cost the cpu queue too).
 IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE = env_int("IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE", 60)
 # Cases one user may have in the moderators' queue (held jobs and undecided appeals).
@@ -313,6 +323,7 @@ IMAGEGEN_TASK_QUEUES = {
     "imagegen.dashboard.sample_figures": QUEUE_CPU,
     "jobs.retention.run_retention": QUEUE_IO,
     "jobs.cdn.retry_purge": QUEUE_IO,
+    "jobs.tasks.deliver_webhook": QUEUE_IO,
 }
 CELERY_TASK_ROUTES = ("imagegen.celery_routes.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -393,6 +404,14 @@ SPECTACULAR_SETTINGS = {
 
 # --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
 IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
+
+# --- integration: idempotent submits, signed webhooks (jobs/idempotency.py, jobs/webhooks.py) ---
+IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
+IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
+IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
+IMAGEGEN_WEBHOOK_BACKOFF = env_float("IMAGEGEN_WEBHOOK_BACKOFF", 10.0)  # seconds before the first retry; doubles, at most 1 h
+IMAGEGEN_WEBHOOK_RETRY_HOURS = env_float("IMAGEGEN_WEBHOOK_RETRY_HOURS", 24.0)  # then a delivery is given up
+IMAGEGEN_MAX_CANCEL_AFTER = env_int("IMAGEGEN_MAX_CANCEL_AFTER", 7 * 86400)  # the largest cancel_after, seconds
 # A client that hangs up before its job finishes never gets the images: cancel the job.
 IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT = env_bool("IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT", True)
 

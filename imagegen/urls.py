@@ -4,7 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health
 from imagegen.metrics_view import metrics_view
-from jobs import delete_views, openai_api, openai_compat, regenerate, signin, sse, staff_views, views, web
+from jobs import account_views, delete_views, openai_api, openai_compat, regenerate, signin, sse, staff_views, views, web
 
 # Sign-in failures are throttled per account and per IP on both sign-in pages (jobs/signin.py).
 admin.site.login_form = signin.AdminSigninForm
@@ -16,6 +16,8 @@ urlpatterns = [
     path("staff/dashboard", dashboard.dashboard, name="dashboard"),
     path("api/v1/jobs", views.JobListCreate.as_view(), name="job-list"),
     path("api/v1/queue", views.QueueView.as_view(), name="queue"),
+    path("api/v1/account", account_views.AccountView.as_view(), name="account"),
+    path("api/v1/account/webhook-secret", account_views.WebhookSecretRotate.as_view(), name="account-webhook-secret"),
     # GET as jobs.views.JobDetail, plus DELETE (owner; images purged).
     path("api/v1/jobs/<uuid:job_id>", delete_views.JobDetailDelete.as_view(), name="job-detail"),
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),

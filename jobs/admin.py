@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from jobs.models import Batch, GeneratedImage, GenerationJob
+from jobs.models import Batch, GeneratedImage, GenerationJob, WebhookDelivery
 
 
 @admin.register(GenerationJob)
@@ -51,5 +51,18 @@ class GeneratedImageAdmin(admin.ModelAdmin):
 class BatchAdmin(admin.ModelAdmin):
     list_display = ("started_at", "width", "height", "steps", "size", "cap", "gpu_seconds", "worker")
     readonly_fields = [f.name for f in Batch._meta.fields]
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    """The webhook outbox: each delivery's attempts (time, HTTP status or error, seconds)."""
+
+    list_display = ("created_at", "job", "status", "url", "attempts", "last_status_code", "delivered_at", "gave_up_at")
+    list_filter = ("status", ("delivered_at", admin.EmptyFieldListFilter), ("gave_up_at", admin.EmptyFieldListFilter))
+    search_fields = ("job__id", "url")
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+
+    def has_add_permission(self, request):
+        return False
+
 
 from jobs import review_admin  # noqa: E402,F401  (the moderators' review queue)

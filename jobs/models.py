@@ -18,6 +18,11 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class Priority(models.TextChoices):
+    INTERACTIVE = "interactive"  # the default: served first
+    BATCH = "batch"  # fills passes and idle GPUs; its own wait limit and quota
+
+
 class OutputFormat(models.TextChoices):
     PNG = "png"
     JPEG = "jpeg"
@@ -97,6 +102,13 @@ class GenerationJob(models.Model):
     # A regeneration of a dropped image names the job it regenerates: its files carry that job's
     # id, so they come out byte for byte the same (jobs/regenerate.py compares sha256).
     regenerates = models.UUIDField(null=True, blank=True)
+    # Scheduling tier (scheduling/policy.py): interactive, or batch work that fills what is left.
+    priority = models.CharField(max_length=12, choices=Priority.choices, default=Priority.INTERACTIVE)
+    # Not claimed by deadline_at (created_at + the asked-for cancel_after): cancelled, not charged.
+    cancel_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds, as asked for")
+    deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # A signed POST on each terminal status (jobs/webhooks.py), from the WebhookDelivery outbox.
+    webhook_url = models.URLField(max_length=2000, blank=True, default="")
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     reason = models.TextField(blank=True, default="")
     blocked_stage = models.CharField(max_length=16, blank=True, default="")
@@ -198,6 +210,7 @@ class UsageCharge(models.Model):
     job_id = models.UUIDField(db_index=True)
     images = models.PositiveIntegerField()
     image_steps = models.PositiveIntegerField(help_text="images x steps: the GPU work, for accounting")
+    priority = models.CharField(max_length=12, default="interactive", help_text="the job's tier: each has its own quota")
     charged_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -223,3 +236,64 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"token {self.prefix}... of {self.user_id}"
+
+
+class IdempotencyKey(models.Model):
+    """An Idempotency-Key header seen on a submit: the same key and body within
+    IMAGEGEN_IDEMPOTENCY_HOURS answer with the same job (jobs/idempotency.py)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="idempotency_keys")
+    scope = models.CharField(max_length=16, help_text="the route: jobs or openai")
+    key = models.CharField(max_length=255)
+    body_sha256 = models.CharField(max_length=64)
+    job = models.ForeignKey(GenerationJob, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "scope", "key"], name="one_idempotency_key")]
+
+    def __str__(self) -> str:
+        return f"idempotency key {self.key!r} of {self.user_id} ({self.scope})"
+
+
+class WebhookSecret(models.Model):
+    """A user's webhook signing secret (whsec_<base64>), shown by GET /api/v1/account."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="webhook_secret")
+    secret = models.CharField(max_length=100)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"webhook secret of {self.user_id}"
+
+
+class WebhookDelivery(models.Model):
+    """The outbox: one row per terminal status of a job with a webhook_url, written in the same
+    transaction as the status change; delivered by a task on the io queue, re-sent by the reaper
+    until delivered or IMAGEGEN_WEBHOOK_RETRY_HOURS have passed (jobs/webhooks.py)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="webhook_deliveries")
+    status = models.CharField(max_length=16, help_text="the job's terminal status it announces")
+    url = models.URLField(max_length=2000)
+    body = models.TextField(blank=True, default="", help_text="the signed JSON, fixed at the first attempt")
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    delivered_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    gave_up_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    log = models.JSONField(default=list, blank=True, help_text="each attempt: time, HTTP status or error, seconds")
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "webhook deliveries"
+        constraints = [models.UniqueConstraint(fields=["job", "status"], name="one_webhook_per_job_status")]
+
+    @property
+    def message_id(self) -> str:
+        return f"msg_{self.id.hex}"
+
+    def __str__(self) -> str:
+        return f"webhook {self.status} of {self.job_id} to {self.url}"

@@ -40,7 +40,7 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs import actions, openai_compat, openai_stream, tokens
+from jobs import actions, idempotency, openai_compat, openai_stream, tokens
 from jobs.api_errors import exception_handler as native_exception_handler
 from jobs.client_gone import CLIENT_GONE
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
@@ -395,11 +395,14 @@ class ImageGenerations(OpenAICompatibleView):
             "400 `model_not_found`, 401 `invalid_api_key`, 409 `job_cancelled`, 429 `rate_limit_exceeded`, "
             "500 `generation_failed`, 503 `service_unavailable`, 504 `timeout` (the job keeps running; its id "
             "is in the message, poll the native API). OpenAI clients retry 409, 429 and 5xx by default, and "
-            "each retry submits a new job: use `max_retries=0` where that matters."
+            "each retry submits a new job: use `max_retries=0` where that matters, or send an `Idempotency-Key` "
+            "header (the same key and body answer with the same job)."
         ),
         request=ImageGenerationSerializer,
+        parameters=[idempotency.schema_parameter()],
         responses={
             200: ImagesResponseSerializer,
+            422: OpenApiResponse(description="The Idempotency-Key was used with a different body (`param`: the header)."),
             409: OpenApiResponse(description="The job was cancelled (through the native API) while waiting."),
             500: OpenApiResponse(description="Generation failed (`generation_failed`)."),
             504: OpenApiResponse(description="Not finished in time (`timeout`); the job keeps running."),
@@ -417,7 +420,9 @@ class ImageGenerations(OpenAICompatibleView):
         form.is_valid(raise_exception=True)
         attrs = form.validated_data
         try:
-            job = submit_job(request.user, _native_data(attrs))
+            job, _ = idempotency.submitting(request, "openai", lambda: submit_job(request.user, _native_data(attrs)))
+        except idempotency.IdempotencyError as exc:
+            raise OpenAIError(exc.status, exc.message, param=idempotency.HEADER, code="idempotency_key") from exc
         except Refused as refused:
             raise OpenAIError(
                 429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",

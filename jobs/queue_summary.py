@@ -8,10 +8,10 @@ and requests read the result:
 
 - ``new|<shape>|<images>``: estimate(shape, images) for a new job, stored with the absolute time
   its pass ends; a request answers ``eta_end - now``.
-- ``bucket|<shape>``: estimate() for up to SAMPLES jobs spread over the shape's bucket (its head,
-  its tail and evenly between); a queued job's ETA is interpolated between the two samples
-  around its place in the bucket (a FIFO bucket is served in order, so the answer lies between
-  them), and exact at a sample.
+- ``bucket|<shape>``: one replay for every job of the shape's bucket (admission.queued_ends):
+  a queued job's ETA is its own (fair share does not serve a bucket in FIFO order); a job that
+  joined since is interpolated between the samples (SAMPLES places spread over the bucket)
+  around its place.
 - ``counts``: jobs and images queued per shape (GET /api/v1/queue).
 
 A queued job's position (jobs ahead) is counted exactly in Redis, one ZCOUNT per shape: no scan.
@@ -227,17 +227,17 @@ def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> 
 # --- a job already queued ---
 
 def _compute_bucket(shape: str, model: str) -> dict:
+    """One replay for every job of the bucket (admission.queued_ends): each job's own ETA, as
+    estimate(..., job_id=) answers it (fair share does not serve a bucket in FIFO order), and
+    samples by place for a job that joined since."""
     now = time.time()
     bucket = scheduler.queued_entries(model).get(shape, [])
+    gpus = admission.active_gpus(model) if bucket else None
+    ends = admission.queued_ends(shape, model) if gpus else {}
     picks = sorted({round(i * (len(bucket) - 1) / (SAMPLES - 1)) for i in range(SAMPLES)}) if bucket else []
-    samples = []
-    gpus = None
-    for index in picks:
-        job_id, count, enqueued_at = bucket[index]
-        est = admission.estimate(shape, count, enqueued_at=enqueued_at, model_name=model, job_id=job_id)
-        gpus = est.active_gpus
-        samples.append([index, None if est.eta_seconds is None else now + est.eta_seconds])
+    samples = [[index, None if bucket[index][0] not in ends else now + ends[bucket[index][0]]] for index in picks]
     return {"at": now, "samples": samples, "gpus": gpus, "jobs": len(bucket),
+            "ends": {job_id: now + end for job_id, end in ends.items()},
             "overhead": cost_model.overhead(cost_model.costs())}
 
 
@@ -270,18 +270,23 @@ def _ahead(model: str, shape: str, enqueued_at: float) -> tuple[int, int]:
     bound = f"({enqueued_at!r}"
     for s in shapes:
         pipe.zcount(f"{PREFIX}q:{s}", "-inf", bound)
-    counts = dict(zip(shapes, pipe.execute(), strict=True))
+        pipe.zcount(f"{PREFIX}qb:{s}", "-inf", bound)
+    replies = pipe.execute()
+    counts = {s: replies[2 * i] + replies[2 * i + 1] for i, s in enumerate(shapes)}
     return sum(counts.values()), counts.get(shape, 0)
 
 
-def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name: str | None = None) -> admission.Estimate:
+def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name: str | None = None,
+                        job_id: str | None = None) -> admission.Estimate:
     """admission.estimate(shape, images, enqueued_at, job_id=...) for a job queued in the
-    scheduler since `enqueued_at`, from the summary."""
+    scheduler since `enqueued_at`, from the summary (exact for a job the summary replayed)."""
     model = model_name or lane_of_shape(shape)
     position, in_bucket = _ahead(model, shape, enqueued_at)
     e = entry(model, f"bucket|{shape}", lambda: _compute_bucket(shape, model))
     if e["gpus"] == 0:
         return admission.Estimate(None, position, 0.0, 0, 0)
+    if job_id is not None and job_id in e.get("ends", {}):
+        return admission.Estimate(_eta(e["ends"][job_id], e["overhead"], time.time()), position, 0.0, 0, e["gpus"] or 0)
     end = interpolate(e["samples"], in_bucket)
     if end is None and not e["samples"]:  # the bucket was empty at the last summary: as a new job
         return new_job_estimate(shape, images, model)

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework import serializers
 
-from jobs.models import GenerationJob, OutputFormat
+from jobs.models import GenerationJob, OutputFormat, Priority
 from jobs.storage import image_url
 
 
@@ -46,6 +46,28 @@ class JobCreateSerializer(serializers.Serializer):
         required=False, allow_null=True, default=None, min_value=0, max_value=100,
         help_text="jpeg/webp quality, 0-100 (absent: 100, the best); png ignores it.",
     )
+
+    # Scheduling tier, deadline and completion webhook (issue 19; docs/api.md).
+    priority = serializers.ChoiceField(
+        choices=Priority.choices, required=False, default=Priority.INTERACTIVE,
+        help_text="interactive (default) or batch: batch work fills passes and idle GPUs, after interactive work.",
+    )
+    cancel_after = serializers.IntegerField(
+        required=False, allow_null=True, default=None, min_value=1, max_value=settings.IMAGEGEN_MAX_CANCEL_AFTER,
+        help_text="Seconds: a job no GPU worker has claimed by then ends cancelled ('deadline passed'), not charged.",
+    )
+    webhook_url = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=2000,
+        help_text="A signed POST (Standard Webhooks) of the job's JSON on each terminal status; https.",
+    )
+
+    def validate_webhook_url(self, value: str) -> str:
+        from jobs.webhooks import WebhookURLError, validate_url
+
+        try:
+            return validate_url(value) if value else ""
+        except WebhookURLError as exc:
+            raise serializers.ValidationError(str(exc)) from None
 
     def validate_prompt(self, value: str) -> str:
         return _no_lone_surrogates(value)
@@ -118,6 +140,7 @@ def status_event(job: GenerationJob) -> dict:
 
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_version", read_only=True)
+    webhook_url = serializers.CharField(read_only=True, help_text="Where terminal statuses are POSTed, signed; empty: none.")
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
@@ -132,7 +155,7 @@ class JobSerializer(serializers.ModelSerializer):
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
             "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
-            "websocket_url",
+            "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url",
         ]
         read_only_fields = fields
 
@@ -149,7 +172,7 @@ class JobSerializer(serializers.ModelSerializer):
                 from jobs.actions import shape_of
                 from jobs.queue_summary import queued_job_estimate
 
-                est = queued_job_estimate(shape_of(job), job.count, job.scheduled_at.timestamp())
+                est = queued_job_estimate(shape_of(job), job.count, job.scheduled_at.timestamp(), job_id=str(job.id))
             job._current_estimate = est
         return job._current_estimate
 
@@ -223,6 +246,10 @@ class JobSerializer(serializers.ModelSerializer):
             "images": self.get_images(job),
             "events_url": self.get_events_url(job),
             "websocket_url": self.get_websocket_url(job),
+            "priority": job.priority,
+            "cancel_after": job.cancel_after,
+            "deadline_at": _iso(job.deadline_at),
+            "webhook_url": job.webhook_url,
         }
 
 
@@ -231,6 +258,7 @@ _FAST_FIELDS = (
     "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
     "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
     "eta_seconds", "queue_position", "appeal", "images", "events_url", "websocket_url",
+    "priority", "cancel_after", "deadline_at", "webhook_url",
 )
 
 

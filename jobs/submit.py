@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import secrets
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from imagegen import metrics
 from jobs import actions, admission, cache, usage
@@ -28,7 +30,8 @@ def submit_job(owner, data: dict) -> GenerationJob:
     shared = cache.shares(seed_given=seed is not None)
     if seed is None:
         seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
-    admission.check_user_limits(owner, None)
+    priority = data.get("priority") or "interactive"
+    admission.check_user_limits(owner, None, priority)
     job = GenerationJob(
         owner=owner,
         prompt=data["prompt"],
@@ -43,6 +46,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
         output_format=data.get("output_format") or "png",
         output_compression=data.get("output_compression"),
         regenerates=data.get("regenerates"),
+        **_integration_fields(data),
     )
     job.model_version = data.get("model") or lanes.pick_version(job.id)
     cached = cache.lookup(job, shared)
@@ -52,7 +56,8 @@ def submit_job(owner, data: dict) -> GenerationJob:
             return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
 
         steps, job.estimate = admission.admit_or_degrade(
-            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False)
+            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
+            scheduler.tier_of(job.priority),
         )
         if steps != job.steps:
             metrics.inc("imagegen_degraded_total")
@@ -62,7 +67,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
     job.billable_images = job.count - len(cached)
     with transaction.atomic():
         usage.lock_user(owner.pk)
-        admission.check_user_limits(owner, job.billable_images)
+        admission.check_user_limits(owner, job.billable_images, job.priority)
         if len(cached) == job.count:
             actions.finish_from_cache(job, cached)
         else:
@@ -72,3 +77,14 @@ def submit_job(owner, data: dict) -> GenerationJob:
             # answer that invites a duplicate; the reaper re-sends lost prompt checks.
             transaction.on_commit(lambda: check_prompt.delay(str(job.id)), robust=True)
     return job
+
+
+def _integration_fields(data: dict) -> dict:
+    """Priority tier, deadline (cancel_after seconds from now) and webhook URL (issue 19)."""
+    cancel_after = data.get("cancel_after")
+    return {
+        "priority": data.get("priority") or "interactive",
+        "cancel_after": cancel_after,
+        "deadline_at": timezone.now() + timedelta(seconds=cancel_after) if cancel_after else None,
+        "webhook_url": data.get("webhook_url") or "",
+    }

@@ -68,7 +68,8 @@ def publish_batch(self, lane: str, batch_id: str) -> list[str]:
 @shared_task(name="jobs.tasks.reap")
 def reap() -> dict:
     """Periodic: requeue work whose worker died, re-run stuck stages, rebuild lost scheduler
-    state, re-send lost prompt checks."""
+    state, re-send lost prompt checks, cancel queued jobs past their deadline, re-send due
+    webhook deliveries (lost dispatches, killed attempts, retries), forget old idempotency keys."""
     from jobs import actions
 
     result = actions.requeue_expired()
@@ -80,6 +81,19 @@ def reap() -> dict:
     for job_id in recheck:
         check_prompt.delay(job_id)
     result["rechecked"] = len(recheck)
-    if any(result.values()):
+    result["past_deadline"] = actions.cancel_past_deadline()
+    from jobs import idempotency, webhooks
+
+    result["webhooks_resent"] = webhooks.resend_due()
+    result["idempotency_keys_expired"] = idempotency.expire()
+    if any(v for k, v in result.items() if k != "idempotency_keys_expired"):
         log.warning("reaper: %s", result)
     return result
+
+
+@shared_task(name="jobs.tasks.deliver_webhook", acks_late=True)
+def deliver_webhook(delivery_id: str, first: bool = False) -> str:
+    """One attempt of a signed webhook delivery (io queue; jobs/webhooks.py)."""
+    from jobs.webhooks import deliver
+
+    return deliver(delivery_id, first=first)

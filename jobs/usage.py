@@ -30,13 +30,15 @@ def lock_user(user_id) -> None:
     list(get_user_model().objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
 
 
-def jobs_in_flight(user_id) -> int:
-    return GenerationJob.objects.filter(owner_id=user_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).count()
+def jobs_in_flight(user_id, priority: str = "interactive") -> int:
+    return GenerationJob.objects.filter(owner_id=user_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                                        priority=priority).count()
 
 
-def unfinished(user_id) -> tuple[int, int]:
-    """(jobs in flight, images reserved by unfinished jobs not claimed yet), in one query."""
-    row = GenerationJob.objects.filter(owner_id=user_id, status__in=UNFINISHED).aggregate(
+def unfinished(user_id, priority: str = "interactive") -> tuple[int, int]:
+    """(jobs in flight, images reserved by unfinished jobs not claimed yet) of the tier, in one
+    query. Each priority tier has its own limits (batch: IMAGEGEN_USER_MAX_BATCH_*)."""
+    row = GenerationJob.objects.filter(owner_id=user_id, status__in=UNFINISHED, priority=priority).aggregate(
         in_flight=Count("id", filter=Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING])),
         reserved=Sum("billable_images", filter=Q(charged_at=None)),
     )
@@ -50,9 +52,10 @@ def review_cases(user_id) -> int:
     ).count()
 
 
-def images_charged(user_id, now: datetime | None = None) -> int:
+def images_charged(user_id, now: datetime | None = None, priority: str = "interactive") -> int:
     since = (now or timezone.now()) - QUOTA_WINDOW
-    return UsageCharge.objects.filter(user_id=user_id, charged_at__gte=since).aggregate(n=Sum("images"))["n"] or 0
+    return UsageCharge.objects.filter(user_id=user_id, charged_at__gte=since, priority=priority).aggregate(
+        n=Sum("images"))["n"] or 0
 
 
 def images_reserved(user_id) -> int:
@@ -61,12 +64,13 @@ def images_reserved(user_id) -> int:
     )["n"] or 0
 
 
-def seconds_until_charges_free(user_id, images: int, now: datetime | None = None) -> float:
+def seconds_until_charges_free(user_id, images: int, now: datetime | None = None, priority: str = "interactive") -> float:
     """When enough of the charges in the window have aged out for `images` more (an estimate:
     reservations may be charged meanwhile)."""
     now = now or timezone.now()
     freed = 0
-    for charged_at, n in UsageCharge.objects.filter(user_id=user_id, charged_at__gte=now - QUOTA_WINDOW).order_by(
+    for charged_at, n in UsageCharge.objects.filter(user_id=user_id, charged_at__gte=now - QUOTA_WINDOW,
+                                                    priority=priority).order_by(
         "charged_at"
     ).values_list("charged_at", "images"):
         freed += n
@@ -84,7 +88,7 @@ def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:
     GenerationJob.objects.filter(id__in=[job.id for job in fresh], charged_at=None).update(charged_at=now)
     UsageCharge.objects.bulk_create([
         UsageCharge(user_id=job.owner_id, job_id=job.id, images=job.billable_images,
-                    image_steps=job.billable_images * job.steps, charged_at=now)
+                    image_steps=job.billable_images * job.steps, charged_at=now, priority=job.priority)
         for job in fresh
     ])
     for job in fresh:

@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from imagegen import metrics
-from jobs import actions, usage
+from jobs import actions, idempotency, usage
 from jobs.admission import Refused
 from jobs.models import GeneratedImage, GenerationJob
 from jobs.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
@@ -60,10 +60,13 @@ class NewestFirst(CursorPagination):
         description=(
             "Answers 202 with the job at once; the prompt is checked, then the job waits for a GPU batch. "
             "Sizes come from the size menu; `seed` null or absent picks one. 429 with Retry-After when an "
-            "admission limit refuses it."
+            "admission limit refuses it. With an `Idempotency-Key` already used with the same body: 200 and "
+            "that job; with another body: 422."
         ),
         request=JobCreateSerializer,
-        responses={202: JobSerializer, 429: RefusedSerializer},
+        parameters=[idempotency.schema_parameter()],
+        responses={202: JobSerializer, 200: JobSerializer, 429: RefusedSerializer,
+                   422: OpenApiResponse(description="The Idempotency-Key was used with a different body.")},
     ),
 )
 class JobListCreate(ListAPIView):
@@ -81,10 +84,14 @@ class JobListCreate(ListAPIView):
         serializer = JobCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         try:
-            job = submit_job(request.user, serializer.validated_data)
+            job, replayed = idempotency.submitting(request, "jobs", lambda: submit_job(request.user, serializer.validated_data))
+        except idempotency.IdempotencyError as exc:
+            return Response({"detail": exc.message, idempotency.HEADER: [exc.message]}, status=exc.status)
         except Refused as refused:
             metrics.inc("imagegen_shed_total", limit=refused.limit)
             return refused_response(refused)
+        if replayed:  # the job an earlier request with this Idempotency-Key made
+            return Response(JobSerializer(job, context={"estimate": True}).data, status=status.HTTP_200_OK)
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

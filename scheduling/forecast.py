@@ -25,6 +25,9 @@ class Inputs:
     cache_hit_rate: float = 0.0
     bytes_per_image: float = 0.0
     peak_factor: float = 3.0
+    # priority=batch work runs in full passes on GPUs interactive work leaves idle, so its fleet
+    # runs this busy (bench/fleet_sim.py --batch-share measures it).
+    batch_utilization: float = 0.9
 
 
 def _scenario(images_per_day: float, gpu_s_per_image: float, i: Inputs) -> dict:
@@ -54,6 +57,12 @@ def forecast(i: Inputs) -> dict:
             "steps_halved": _scenario(i.images_per_day, at_1 / 2, i),
             "cache_hit_rate": {"rate": i.cache_hit_rate, **_scenario(generated, at_1, i)},
             "best_batch_and_cache": _scenario(generated, at_best, i),
+        },
+        # The price of an image per tier: interactive at the fleet's utilisation and batch 1 (a
+        # light user's lone image), batch in full passes at the batch utilisation.
+        "price_per_image": {
+            "interactive": base["fleet_cost_per_image"],
+            "batch": at_best / 3600 * i.gpu_hour_price / i.batch_utilization,
         },
         "storage_bytes_per_day": generated * i.bytes_per_image,
         "peak_submits_per_second": i.images_per_day / SECONDS_PER_DAY * i.peak_factor,

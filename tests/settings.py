@@ -40,6 +40,10 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")
     os.environ.setdefault("IMAGEGEN_REAPER_INTERVAL", "1")
     os.environ.setdefault("IMAGEGEN_TORCH_THREADS", "1")
+    # Webhooks: short attempts and retries, so a failure and its retry fit a test.
+    os.environ.setdefault("IMAGEGEN_WEBHOOK_TIMEOUT", "2")
+    os.environ.setdefault("IMAGEGEN_WEBHOOK_LEASE_SLACK", "2")
+    os.environ.setdefault("IMAGEGEN_WEBHOOK_BACKOFF", "0.5")
     # 60x60 is on the menu only so a test can make the pipeline itself raise (sizes must be
     # multiples of 8): a real failure inside the real worker.
     os.environ.setdefault("IMAGEGEN_SIZE_MENU", "64x64,96x64,64x96,96x96,60x60")

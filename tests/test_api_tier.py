@@ -40,7 +40,7 @@ def summary_lane(redis_client, settings):
     settings.IMAGEGEN_STARVATION_SECONDS = 10.0
 
     def clean():
-        for pattern in (f"{PREFIX}q:{MODEL}v|*", f"{PREFIX}shapes:{MODEL}", f"{PREFIX}summary:{MODEL}*",
+        for pattern in (f"{PREFIX}q:{MODEL}v|*", f"{PREFIX}qb:{MODEL}v|*", f"{PREFIX}drr:{MODEL}v|*", f"{PREFIX}shapes:{MODEL}", f"{PREFIX}summary:{MODEL}*",
                         f"{PREFIX}arr:{MODEL}:*", f"{PREFIX}workers:{MODEL}"):
             for key in redis_client.scan_iter(pattern):
                 redis_client.delete(key)
@@ -79,15 +79,19 @@ def random_workload(r, rng: random.Random) -> dict[str, list]:
 @pytest.mark.parametrize("seed", range(6))
 def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary_lane, seed):
     """Stated error: a new job's estimate is the replay's, moved by the time since it was made; a
-    queued job's is the replay's at the sampled places of its bucket, and between the two samples
-    around its place elsewhere (a FIFO bucket is served in order)."""
+    queued job's is the replay's (the summary replays every job of the bucket at once), and a
+    job found by its place alone (joined since) gets the samples' at the sampled places."""
     rng = random.Random(seed)
     random_workload(summary_lane, rng)
     for shape in SHAPES:
         for images in (1, 2):
             replayed = admission.estimate(shape, images, model_name=MODEL)
             summarised = queue_summary.new_job_estimate(shape, images, model_name=MODEL)
-            assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=0.05)
+            # A job of more than one image needs more than one fair-share round, and a forecast
+            # arrival (at the rate measured, read a moment later by the second replay) may take
+            # a round's room before it: then it moves by one pass of its shape.
+            one_pass = max(float(v) for k, v in summary_lane.hgetall(COST_KEY).items() if k.startswith(shape + "#"))
+            assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=0.05 + (one_pass if images > 1 else 0))
             assert summarised.position == replayed.position
             assert summarised.queued_images == replayed.queued_images
 
@@ -98,18 +102,20 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
         assert places[0] == 0 and places[-1] == len(bucket) - 1
         for index, (job_id, count, enqueued_at) in enumerate(bucket):
             replayed = admission.estimate(shape, count, enqueued_at=enqueued_at, model_name=MODEL, job_id=job_id)
-            summarised = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL)
+            summarised = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL, job_id=job_id)
             assert summarised.position == replayed.position  # exact: counted in Redis
             # Nothing runs in this lane, so a fresh replay starts its idle GPUs at its own "now":
-            # the summary, made `age` seconds earlier, is that much ahead of it.
+            # the summary, made `age` seconds earlier, is that much ahead of it. Each job's ETA is
+            # its own from the summary's one replay (fair share does not serve in FIFO order).
+            # Forecast arrivals (at the measured rate, which the later replay reads a moment
+            # later) overtake a queued job of more images by rounds, so one of them more or less
+            # can move it by one pass of its shape.
             slack = time.time() - summary["at"] + 0.05
-            if index in places:
-                assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack)
-            else:  # within the bracket of the samples around its place, which the replay lies in too
-                k = next(i for i, p in enumerate(places) if p > index)
-                lo, hi = sorted((summary["samples"][k - 1][1] - time.time(), summary["samples"][k][1] - time.time()))
-                assert lo - 0.05 <= summarised.eta_seconds <= hi + 0.05
-                assert abs(summarised.eta_seconds - replayed.eta_seconds) <= hi - lo + slack
+            one_pass = max(float(v) for k, v in summary_lane.hgetall(COST_KEY).items() if k.startswith(shape + "#"))
+            assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack + one_pass)
+            if index in places:  # a job that joined since is interpolated between these samples
+                by_place = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL)
+                assert by_place.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack)
 
 
 @pytest.mark.django_db

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections import deque
 
 import pytest
 
 from imagegen.redis_client import get_redis
 from jobs.admission import replay
-from scheduling import scheduler
+from scheduling import policy, scheduler
 from scheduling.costs import COST_KEY, OVERHEAD_FIELD, pass_seconds, record_batch_cost
 
 A = scheduler.shape_key("m", 64, 64, 20, 5.0, "")
 B = scheduler.shape_key("m", 96, 96, 10, 5.0, "")
+
+
+def _buckets(jobs: dict) -> policy.Buckets:
+    """The policy's buckets: each job its own owner, interactive."""
+    out: policy.Buckets = {}
+    for shape, entries in jobs.items():
+        for job_id, n, t in entries:
+            policy.push(out, shape, (job_id, n, t, job_id, policy.INTERACTIVE))
+    return out
 
 
 @pytest.fixture
@@ -60,12 +68,12 @@ def test_recording_a_pass_keeps_moving_averages_per_shape_and_size(redis_clean):
 
 def test_the_replay_ends_when_the_pass_that_takes_the_job_ends(knobs):
     now = time.time()
-    buckets = {A: deque((f"j{i}", 1, now - 10 + i) for i in range(6))}
+    buckets = _buckets({A: [(f"j{i}", 1, now - 10 + i) for i in range(6)]})
     costs = {f"{A}#4": "3.0", f"{A}#2": "2.0"}
     # GPU 1 is free in 1 s and takes a full pass (j0-j3) ending at 4; GPU 2 is free in 2 s,
     # takes the last two, waits the fill wait for more (none comes) and ends at 2.3 + 2.0.
     assert replay(buckets, [1.0, 2.0], "j5", now, costs) == pytest.approx(4.3)
-    buckets = {A: deque((f"j{i}", 1, now - 10 + i) for i in range(6))}
+    buckets = _buckets({A: [(f"j{i}", 1, now - 10 + i) for i in range(6)]})
     assert replay(buckets, [1.0, 2.0], "j1", now, costs) == pytest.approx(4.0)
 
 
@@ -74,7 +82,7 @@ def test_forecast_arrivals_keep_a_rare_shape_waiting_until_the_starvation_bound(
     costs = {f"{A}#4": "2.0", f"{B}#1": "1.0"}
 
     def buckets():
-        return {A: deque((f"a{i}", 1, now - 1) for i in range(4)), B: deque([("target", 1, now)])}
+        return _buckets({A: [(f"a{i}", 1, now - 1) for i in range(4)], B: [("target", 1, now)]})
 
     # Without arrivals the fullest bucket (A) goes first, then the target: 2 + 0.3 + 1.
     assert replay(buckets(), [0.0], "target", now, costs) == pytest.approx(3.3)

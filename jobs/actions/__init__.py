@@ -27,6 +27,7 @@ from jobs.actions.lifecycle import (
     attach_cached,
     block_job,
     cancel_job,
+    cancel_past_deadline,
     claim_batch,
     create_queued,
     enqueue,
@@ -45,7 +46,7 @@ from jobs.actions.lifecycle import (
 from jobs.actions.review import ReviewError, appeal, approve, reject, reject_delivered, review_queue
 
 __all__ = [
-    "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job",
+    "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job", "cancel_past_deadline",
     "claim_batch", "close_empty", "create_queued", "delete_job", "enqueue", "fail_running", "fail_unstarted",
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",

@@ -40,6 +40,15 @@ def images_to_make(job: GenerationJob) -> int:
     return job.count - job.images.count()
 
 
+def _flow(job: GenerationJob) -> dict:
+    """The job's place in the fair-share scheduler: its owner's flow and its tier."""
+    return {"owner": str(job.owner_id), "tier": scheduler.tier_of(getattr(job, "priority", "interactive"))}
+
+
+def _unqueue(job: GenerationJob) -> None:
+    scheduler.remove(shape_of(job), str(job.id), images_to_make(job), **_flow(job))
+
+
 def create_queued(job: GenerationJob, cached: dict) -> None:
     """Insert an accepted job (queued, waiting for its prompt check) with the images the
     request-hash cache already had attached."""
@@ -81,16 +90,18 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
         )
         metrics.count_verdicts([verdict])
         metrics.count_jobs(JobStatus.DONE, job.model_version)
+        status_on_commit(job.id)
 
 
 def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
-    updated = GenerationJob.objects.filter(id=job_id, status__in=list(from_statuses)).update(
-        status=to_status, **fields
-    )
-    if updated:
-        status_on_commit(job_id)
-        version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
-        metrics.count_jobs(to_status, version or "")
+    with transaction.atomic():  # the status and its webhook outbox row commit together
+        updated = GenerationJob.objects.filter(id=job_id, status__in=list(from_statuses)).update(
+            status=to_status, **fields
+        )
+        if updated:
+            status_on_commit(job_id)
+            version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
+            metrics.count_jobs(to_status, version or "")
     return bool(updated)
 
 
@@ -115,12 +126,32 @@ def cancel_job(job: GenerationJob, reason: str = "cancelled by the owner") -> bo
         try:
             scheduler.set_cancel_flag(str(job.id))
             if job.scheduled_at is not None:
-                scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+                _unqueue(job)
         except RedisError:
             log.warning("job %s cancelled, but Redis is unavailable: the worker sees it at the hand-off", job.id,
                         exc_info=True, extra={"job_id": str(job.id)})
     job.refresh_from_db()
     return changed
+
+
+DEADLINE_REASON = "deadline passed"
+
+
+def cancel_past_deadline(now=None, limit: int = 500) -> int:
+    """Queued jobs not claimed by their deadline (cancel_after) end cancelled, reason "deadline
+    passed". Only from queued: a job a worker claimed first runs (and was charged); one never
+    claimed is never charged (jobs/usage.py charges at claim), and its reservation ends with it."""
+    now = now or timezone.now()
+    cancelled = 0
+    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, deadline_at__lt=now)[:limit]:
+        if _transition(job.id, [JobStatus.QUEUED], JobStatus.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
+            cancelled += 1
+            if job.scheduled_at is not None:
+                try:
+                    _unqueue(job)
+                except RedisError:
+                    log.warning("job %s past its deadline: cancelled, its bucket entry is skipped at claim", job.id)
+    return cancelled
 
 
 def block_job(job_id, stage: str, reason: str) -> bool:
@@ -174,7 +205,8 @@ def admit(job_id) -> bool:
 
 def enqueue(job: GenerationJob, enqueued_at: float) -> None:
     lane = lanes.lane_of(job.model_version)
-    scheduler.enqueue(lane, shape_of(job), str(job.id), images_to_make(job), enqueued_at)
+    weight = settings.IMAGEGEN_USER_WEIGHTS.get(job.owner.get_username(), 1.0) if settings.IMAGEGEN_USER_WEIGHTS else 1.0
+    scheduler.enqueue(lane, shape_of(job), str(job.id), images_to_make(job), enqueued_at, weight=weight, **_flow(job))
     lanes.wake(lane)
 
 
@@ -183,7 +215,9 @@ def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
     (a stale or duplicated scheduler entry) are simply not claimed."""
     now = timezone.now()
     with transaction.atomic():
-        GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).update(
+        GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).exclude(
+            deadline_at__lte=now  # past its deadline: the reaper cancels it, uncharged
+        ).update(
             status=JobStatus.RUNNING,
             attempts=F("attempts") + 1,
             started_at=now,
@@ -220,12 +254,13 @@ def return_to_queue_now(job_ids: list[str]) -> None:
 
 def fail_running(job: GenerationJob, reason: str) -> bool:
     """running -> failed, only for the attempt that this worker holds."""
-    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
-        status=JobStatus.FAILED, reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
-    )
-    if updated:
-        status_on_commit(job.id)
-        metrics.count_jobs(JobStatus.FAILED, job.model_version)
+    with transaction.atomic():
+        updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
+            status=JobStatus.FAILED, reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
+        )
+        if updated:
+            status_on_commit(job.id)
+            metrics.count_jobs(JobStatus.FAILED, job.model_version)
     return bool(updated)
 
 
@@ -270,7 +305,7 @@ def move_queued(from_version: str, to_version: str) -> int:
             continue
         moved += 1
         if job.status == JobStatus.QUEUED and job.scheduled_at is not None:
-            scheduler.remove(shape_of(job), str(job.id), images_to_make(job))
+            _unqueue(job)
             job.model_version = to_version
             enqueue(job, job.scheduled_at.timestamp())
     return moved
@@ -283,7 +318,7 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = 0
     for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
-        if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job)):
+        if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
     stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))

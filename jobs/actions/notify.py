@@ -1,5 +1,7 @@
 """Status events, sent after the transaction that changed the status commits (never before: a
-watcher must never see a state that a rollback undoes)."""
+watcher must never see a state that a rollback undoes); and the webhook outbox rows of jobs
+that reached a terminal status, written inside that transaction (jobs/webhooks.py). Every
+status change in jobs.actions calls status_on_commit inside its transaction."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from django.db import transaction
 def status_on_commit(*job_ids) -> None:
     ids = [str(job_id) for job_id in job_ids]
     if ids:
+        from jobs import webhooks
+
+        webhooks.record_terminal(ids)
         transaction.on_commit(lambda: send_status(ids))
 
 

@@ -4,7 +4,7 @@
   "use strict";
   const { $, api, el, show, seconds } = window.imagegen;
 
-  const FIELDS = ["prompt", "negative_prompt", "model", "size", "steps", "count", "seed", "guidance_scale", "output_format", "allow_degrade"];
+  const FIELDS = ["prompt", "negative_prompt", "model", "size", "steps", "count", "seed", "guidance_scale", "output_format", "priority", "allow_degrade"];
   const FIELD_OF = { width: "size", height: "size" };  // API field -> form field
   let countdown = null;
 
@@ -54,7 +54,7 @@
     const body = {
       prompt: form.prompt.value.trim(), width, height,
       steps: Number(form.steps.value), count: Number(form.count.value),
-      output_format: form.output_format.value, allow_degrade: form.allow_degrade.checked,
+      output_format: form.output_format.value, priority: form.priority.value, allow_degrade: form.allow_degrade.checked,
     };
     if (form.model && form.model.value) body.model = form.model.value;
     if (form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();
@@ -205,6 +205,7 @@
     form.seed.value = String(job.seed);
     form.guidance_scale.value = String(job.guidance_scale);
     if (job.output_format) form.output_format.value = job.output_format;
+    if (job.priority) form.priority.value = job.priority;
     clearErrors();
     clearRefused();
     const note = $("reuse-note");
