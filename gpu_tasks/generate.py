@@ -78,7 +78,7 @@ def take_and_claim(lane: str) -> Claimed | None:
         return None
     shape = taken.shape
     info = scheduler.parse_shape(shape)
-    cap = scheduler.cap_for(info["width"], info["height"])
+    cap = scheduler.cap_for(info["width"], info["height"], info["model_version"])
     batch = Batch.objects.create(
         model_version=info["model_version"], width=info["width"], height=info["height"], steps=info["steps"],
         guidance_scale=info["guidance_scale"], scheduler=info["scheduler"], size=0, cap=cap, worker=WORKER_ID,
@@ -94,7 +94,7 @@ def take_and_claim(lane: str) -> Claimed | None:
             counts[str(job.id)] = next(e.count for e in fresh if e.job_id == str(job.id))
 
     claim(taken.entries)
-    deadline = time.monotonic() + settings.IMAGEGEN_FILL_WAIT
+    deadline = time.monotonic() + scheduler.fill_wait_for(info["model_version"])
     while sum(counts.values()) < cap and time.monotonic() < deadline:
         time.sleep(0.02)
         more = scheduler.take(lane, only_shape=shape, max_images=cap - sum(counts.values()))
@@ -209,7 +209,7 @@ class Runner:
                 events.publish(job_id, {"type": "progress", "step": step, "total": total})
             if take_ahead and not asked_ahead and step < total:
                 remaining = (now - started) / step * (total - step)
-                if remaining <= settings.IMAGEGEN_FILL_WAIT + PREFETCH_MARGIN:
+                if remaining <= scheduler.fill_wait_for(batch.model_version) + PREFETCH_MARGIN:
                     asked_ahead = True
                     self._take_ahead()
             if (

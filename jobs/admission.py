@@ -54,7 +54,7 @@ class Estimate:
 
 def _cap_of(shape: str) -> int:
     info = scheduler.parse_shape(shape)
-    return scheduler.cap_for(info["width"], info["height"])
+    return scheduler.cap_for(info["width"], info["height"], info["model_version"])
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Fil
             shape = scheduler.shape_key(batch.model_version, batch.width, batch.height, batch.steps, batch.guidance_scale, batch.scheduler)
             size = max(1, batch.size)
             started_in = (batch.pass_started_at or batch.started_at).timestamp() - now
-            fill = settings.IMAGEGEN_FILL_WAIT if size < batch.cap and batch.pass_started_at is None else 0.0
+            fill = scheduler.fill_wait_for(batch.model_version) if size < batch.cap and batch.pass_started_at is None else 0.0
             if batch.pass_started_at is None and free_in > 0:  # taken ahead: runs when the current pass ends
                 free_in += pass_seconds(shape, size, costs)
             else:
@@ -93,6 +93,10 @@ def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Fil
         remaining.append(max(0.0, free_in))
     remaining.sort()
     return (remaining + [0.0] * gpus)[:gpus], filling
+
+
+def _fill_wait_of(shape: str) -> float:
+    return scheduler.fill_wait_for(scheduler.parse_shape(shape)["model_version"])
 
 
 def _awaiting_prompt_check() -> list[tuple[str, policy.Entry]]:
@@ -128,7 +132,7 @@ def replay_all(buckets: policy.Buckets, free_in: list[float], targets: set[str],
                rates: dict[str, float] | None = None, weights: dict[str, float] | None = None) -> dict[str, float]:
     """replay() for several jobs at once: the seconds until the pass of each of `targets` ends
     (one replay, run until the last of them is taken; a job never taken is left out)."""
-    fill_wait, starvation = settings.IMAGEGEN_FILL_WAIT, settings.IMAGEGEN_STARVATION_SECONDS
+    starvation = settings.IMAGEGEN_STARVATION_SECONDS
     fair = settings.IMAGEGEN_FAIR_SHARE
     step = {shape: 1.0 / rate for shape, rate in (rates or {}).items() if rate > 0}
     next_at = dict(step)
@@ -160,6 +164,7 @@ def replay_all(buckets: policy.Buckets, free_in: list[float], targets: set[str],
         size = sum(e[1] for e in entries)
         start = t
         if size < cap:  # a partial pass waits the fill wait, taking what arrives meanwhile
+            fill_wait = _fill_wait_of(shape)
             arrive_until(t + fill_wait)
             more = policy.take(buckets, now + t + fill_wait, _cap_of, starvation, only_shape=shape,
                                max_images=cap - size, fair=fair, weights=weights)
@@ -215,11 +220,11 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
         for f in filling:
             if f.shape == shape and f.room >= images and f.fill_ends_in > admit:
                 size = _cap_of(shape) - f.room + images
-                start = f.started_in + settings.IMAGEGEN_FILL_WAIT if size < _cap_of(shape) else admit
+                start = f.started_in + _fill_wait_of(shape) if size < _cap_of(shape) else admit
                 joined = start + pass_seconds(shape, size, costs)
                 end = joined if end is None else min(end, joined)
     if end is None:  # cannot happen with the real policy; stay honest with the plain bound
-        end = work_ahead / gpus + pass_seconds(shape, images, costs) + settings.IMAGEGEN_FILL_WAIT
+        end = work_ahead / gpus + pass_seconds(shape, images, costs) + _fill_wait_of(shape)
     overhead = cost_model.overhead(costs)
     return Estimate(end + overhead, len(ahead), work_ahead, queued_images, gpus)
 

@@ -199,12 +199,16 @@ def _compute_new(shape: str, images: int, model: str) -> dict:
         "eta_end": None if est.eta_seconds is None else now + est.eta_seconds,
         # a pass of its own on an idle GPU: no stale entry may promise less than this
         "floor": cost_model.pass_seconds(shape, images, costs) + cost_model.overhead(costs)
-        + (settings.IMAGEGEN_FILL_WAIT if images < scheduler.cap_for(*_size(shape)) else 0.0),
+        + (scheduler.fill_wait_for(_version(shape)) if images < scheduler.cap_for(*_size(shape), _version(shape)) else 0.0),
         "position": est.position,
         "work_ahead": est.work_ahead_seconds,
         "queued_images": est.queued_images,
         "gpus": est.active_gpus,
     }
+
+
+def _version(shape: str) -> str:
+    return shape.split("|", 1)[0]
 
 
 def _size(shape: str) -> tuple[int, int]:

@@ -39,8 +39,30 @@ def parse_shape(key: str) -> dict:
     }
 
 
-def cap_for(width: int, height: int) -> int:
-    return settings.IMAGEGEN_BATCH_CAPS.get(f"{width}x{height}", settings.IMAGEGEN_BATCH_CAP)
+def caps_table() -> dict[str, int]:
+    """Batch caps by size ("WxH") from IMAGEGEN_BATCH_CAPS, and by version and size
+    ("version|WxH") from each served model's serving.json (`batch_caps`), which win."""
+    from scheduling import catalogue
+
+    table = dict(settings.IMAGEGEN_BATCH_CAPS)
+    for served in catalogue.served().values():
+        table.update({f"{served.version}|{size}": cap for size, cap in served.batch_caps.items()})
+    return table
+
+
+def cap_for(width: int, height: int, version: str = "") -> int:
+    table = caps_table()
+    size = f"{width}x{height}"
+    return table.get(f"{version}|{size}", table.get(size, settings.IMAGEGEN_BATCH_CAP))
+
+
+def fill_wait_for(version: str = "") -> float:
+    """Seconds a partial batch of `version` waits for more: its serving.json's `fill_wait`, else
+    IMAGEGEN_FILL_WAIT (a model whose batches gain nothing is measured to cap 1 and no wait)."""
+    from scheduling import catalogue
+
+    served = catalogue.served().get(version) if version else None
+    return served.fill_wait if served is not None and served.fill_wait is not None else settings.IMAGEGEN_FILL_WAIT
 
 
 def _shapes_key(model: str) -> str:
@@ -92,8 +114,8 @@ local scan = tonumber(ARGV[9])
 local min_weight = 0.1
 
 local function cap_of(shape)
-  local size = string.match(shape, "^[^|]*|([^|]*)|")
-  local c = caps[size]
+  local version, size = string.match(shape, "^([^|]*)|([^|]*)|")
+  local c = caps[version .. "|" .. size] or caps[size]
   if c then return tonumber(c) end
   return default_cap
 end
@@ -354,7 +376,7 @@ def take(model: str, only_shape: str = "", max_images: int = 0, now: float | Non
         args=[
             now if now is not None else time.time(),
             settings.IMAGEGEN_STARVATION_SECONDS,
-            json.dumps(settings.IMAGEGEN_BATCH_CAPS),
+            json.dumps(caps_table()),
             settings.IMAGEGEN_BATCH_CAP,
             only_shape,
             max_images,

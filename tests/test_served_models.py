@@ -15,7 +15,7 @@ from django.core.management import call_command
 from gpu_tasks.tiny_pipeline import write_tiny_pipeline
 from scheduling import catalogue
 from scheduling.lanes import gpu_queue, lane_of
-from tests.conftest import wait_for_status
+from tests.conftest import forget_cache, wait_for_status
 from tests.test_generation import pixels, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +30,7 @@ def fast_model(settings):
         write_tiny_pipeline(path, seed=2)
     (path / "serving.json").write_text(json.dumps({
         "default_steps": 2, "max_steps": 6, "guidance_scale": 1.5, "label": "fast",
-        "quality_steps": {"low": 1, "medium": 2, "high": 4},
+        "quality_steps": {"low": 1, "medium": 2, "high": 4}, "batch_caps": {"64x64": 2}, "fill_wait": 0.05,
     }))
     settings.IMAGEGEN_EXTRA_MODELS = {FAST: str(path)}
     return path
@@ -48,6 +48,24 @@ def test_the_catalogue_lists_the_default_first_and_the_extra_version_with_its_pr
     assert out.getvalue().strip() == f"{settings.QUEUE_GPU},{gpu_queue(lane_of(FAST))}"
 
 
+def test_the_second_models_batch_caps_and_fill_wait_apply_to_its_lane_only(fast_model, settings, redis_client):
+    from scheduling import scheduler
+
+    default_version = settings.IMAGEGEN_MODEL_VERSION
+    assert scheduler.cap_for(64, 64, FAST) == 2 and scheduler.cap_for(96, 96, FAST) == settings.IMAGEGEN_BATCH_CAP
+    assert scheduler.cap_for(64, 64, default_version) == settings.IMAGEGEN_BATCH_CAP
+    assert scheduler.fill_wait_for(FAST) == 0.05 and scheduler.fill_wait_for(default_version) == settings.IMAGEGEN_FILL_WAIT
+    lane = lane_of(FAST)
+    fast_shape = scheduler.shape_key(FAST, 64, 64, 2, 1.5, "")
+    default_shape = scheduler.shape_key(default_version, 64, 64, 2, 1.5, "")
+    for i in range(3):  # the Lua take reads the same per-version caps
+        scheduler.enqueue(lane, fast_shape, f"fast-{i}", 1, owner="u")
+        scheduler.enqueue("caps-default-lane", default_shape, f"default-{i}", 1, owner="u")
+    assert scheduler.take(lane).images == 2
+    assert scheduler.take("caps-default-lane").images == 3
+    assert scheduler.take(lane).images == 1 and scheduler.take(lane) is None  # drained: no stray entries
+
+
 def test_an_unknown_model_or_too_many_steps_for_it_is_a_400_naming_the_field(fast_model, alice_api):
     r = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": "nope"}, format="json")
     assert r.status_code == 400 and "model" in r.json(), r.content
@@ -61,25 +79,29 @@ def test_a_job_naming_the_second_model_runs_on_its_lane_at_its_steps_and_records
     lane = lane_of(FAST)
     # One GPU worker for both lanes, as `make run` starts it on a small machine.
     both = start_worker("gpu-both", f"{settings.QUEUE_GPU},{gpu_queue(lane)}", IMAGEGEN_EXTRA_MODELS=f"{FAST}={fast_model}")
-    r = alice_api.post("/api/v1/jobs", {"prompt": "a green square", "width": 64, "height": 64, "seed": 99, "model": FAST},
-                       format="json")
-    assert r.status_code == 202, r.content
-    fast = r.json()
-    assert fast["model"] == FAST and fast["steps"] == 2 and fast["guidance_scale"] == 1.5
-    done = wait_for_status(fast["id"], ("done",))
-    assert done.model_version == FAST and done.batch.lane == lane
-    assert done.batch.worker.endswith(f":{both.proc.pid}"), "only the worker consuming the lane ran it"
-    again = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5,
-                                   model=FAST)["id"], ("done",))
-    assert again.id != done.id
-    default = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5)["id"],
-                              ("done",))
-    assert default.model_version == settings.IMAGEGEN_MODEL_VERSION and default.batch.lane == settings.IMAGEGEN_MODEL_NAME
-    assert np.array_equal(pixels(done.id)[0], pixels(again.id)[0]), "deterministic on its own model"
-    assert not np.array_equal(pixels(done.id)[0], pixels(default.id)[0]), "two models, two outputs"
-    queue = alice_api.get("/api/v1/queue").json()["models"]
-    assert [m["version"] for m in queue] == [settings.IMAGEGEN_MODEL_VERSION, FAST]
-    assert queue[1]["model"] == lane and queue[1]["active_workers"] >= 1 and queue[1]["default_steps"] == 2
+    try:
+        r = alice_api.post("/api/v1/jobs", {"prompt": "a green square", "width": 64, "height": 64, "seed": 99, "model": FAST},
+                           format="json")
+        assert r.status_code == 202, r.content
+        fast = r.json()
+        assert fast["model"] == FAST and fast["steps"] == 2 and fast["guidance_scale"] == 1.5
+        done = wait_for_status(fast["id"], ("done",))
+        assert done.model_version == FAST and done.batch.lane == lane and done.batch.cap == 2
+        assert done.batch.worker.endswith(f":{both.proc.pid}"), "only the worker consuming the lane ran it"
+        forget_cache()  # made again, not served from the cache
+        again = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5,
+                                       model=FAST)["id"], ("done",))
+        assert again.id != done.id
+        default = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5)["id"],
+                                  ("done",))
+        assert default.model_version == settings.IMAGEGEN_MODEL_VERSION and default.batch.lane == settings.IMAGEGEN_MODEL_NAME
+        assert np.array_equal(pixels(done.id)[0], pixels(again.id)[0]), "deterministic on its own model"
+        assert not np.array_equal(pixels(done.id)[0], pixels(default.id)[0]), "two models, two outputs"
+        queue = alice_api.get("/api/v1/queue").json()["models"]
+        assert [m["version"] for m in queue] == [settings.IMAGEGEN_MODEL_VERSION, FAST]
+        assert queue[1]["model"] == lane and queue[1]["active_workers"] >= 1 and queue[1]["default_steps"] == 2
+    finally:
+        both.stop()  # the session's other tests count on one GPU worker for the default lane
 
 
 def test_openai_models_list_both_and_a_quality_tier_can_pick_the_fast_model(fast_model, alice, settings):
