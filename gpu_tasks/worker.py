@@ -28,7 +28,7 @@ def _on_worker_ready(sender=None, **kwargs):
     from gpu_tasks.pipeline import get_model
     from scheduling import heartbeats
 
-    model = get_model()  # load once, before the first batch, so no request pays for it
+    model = _load_model_or_exit(get_model)  # load once, before the first batch, so no request pays for it
     if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
         from gpu_tasks.pipeline import warm_up
 
@@ -41,6 +41,29 @@ def _on_worker_ready(sender=None, **kwargs):
 
 
 GATE_ERROR_KEY = "gate-error"
+MODEL_ERROR_KEY = "model-error"
+
+
+def _load_model_or_exit(get_model):
+    """Load the served model and check its family against the settings (gpu_tasks/families.py):
+    a setting the family cannot honour refuses to start the worker, and /readyz names it until
+    a worker of this model starts cleanly."""
+    import os
+
+    from gpu_tasks.families import ModelConfigError
+    from imagegen.redis_client import PREFIX, get_redis
+
+    key = f"{PREFIX}{MODEL_ERROR_KEY}:{settings.IMAGEGEN_MODEL_NAME}"
+    try:
+        model = get_model()
+    except ModelConfigError as exc:
+        log.critical("the served model and the settings do not go together, refusing to start: %s", exc)
+        try:
+            get_redis().set(key, str(exc)[:1000], ex=24 * 3600)
+        finally:
+            os._exit(3)
+    get_redis().delete(key)
+    return model
 
 
 def _check_image_gate() -> None:

@@ -32,12 +32,15 @@ def readyz(request):
 
         gate_error = get_redis().get(PREFIX + "gate-error")  # written by a worker that refused to start
         checks["image_gate"] = "ok" if not gate_error else f"misconfigured: {gate_error}"
+        model_error = get_redis().get(f"{PREFIX}model-error:{settings.IMAGEGEN_MODEL_NAME}")  # gpu_tasks/worker.py
+        checks["model"] = "ok" if not model_error else f"misconfigured: {model_error}"
 
         n = len(live_workers(settings.IMAGEGEN_MODEL_NAME))
         checks["gpu_workers"] = "ok" if n else f"no live GPU worker for {settings.IMAGEGEN_MODEL_NAME}"
     else:
         checks["gpu_workers"] = "unknown: redis is unavailable"
         checks["image_gate"] = "unknown: redis is unavailable"
+        checks["model"] = "unknown: redis is unavailable"
     failing = [part for part, state in checks.items() if state != "ok"]
     body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
     return JsonResponse(body, status=200 if not failing else 503)
