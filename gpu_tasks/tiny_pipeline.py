@@ -88,8 +88,7 @@ def _t5_encoder(vocab_size: int, d_model: int = 32):
     from transformers import T5Config, T5EncoderModel
 
     return T5EncoderModel(T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=8, d_ff=64, num_layers=2,
-                                   num_heads=2, relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1,
-                                   decoder_start_token_id=0))
+                                   num_heads=2, relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1))
 
 
 def _vae(latent_channels: int, **extra):
