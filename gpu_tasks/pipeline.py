@@ -152,6 +152,9 @@ class LoadedModel:
             why = self.refusal(row, guidance_scale)
             if why:
                 raise ValueError(why)
+        for component in self.pipe.components.values():  # a pass that raised may have left a step cache behind
+            if hasattr(component, "_reset_stateful_cache"):
+                component._reset_stateful_cache()
         kwargs = self.call_arguments(rows, width, height, steps, guidance_scale)
         kwargs["generator"] = [torch.Generator(device="cpu").manual_seed(int(row.seed)) for row in rows]
         stopped = False
