@@ -214,6 +214,11 @@ IMAGEGEN_MAX_STEPS = env_int("IMAGEGEN_MAX_STEPS", 150)
 IMAGEGEN_DEFAULT_STEPS = env_int("IMAGEGEN_DEFAULT_STEPS", 20)
 IMAGEGEN_MAX_COUNT = env_int("IMAGEGEN_MAX_COUNT", 8)
 IMAGEGEN_DEFAULT_GUIDANCE = env_float("IMAGEGEN_DEFAULT_GUIDANCE", 5.0)
+# The OpenAI route's quality tiers as steps, per served model ("low:8,medium:20,high:40");
+# docs/families.md has each tier's GPU-seconds and accuracy on the shipped model.
+IMAGEGEN_QUALITY_STEPS = {"low": 8, "medium": 20, "high": 40} | {
+    tier.strip(): int(steps) for tier, steps in (item.split(":") for item in env_list("IMAGEGEN_QUALITY_STEPS", []))
+}
 IMAGEGEN_MAX_PROMPT_CHARS = 2000
 
 # --- batch scheduler ---

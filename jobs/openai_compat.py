@@ -3,9 +3,10 @@ Images API beyond prompt/n/size (output format and compression, quality tiers, s
 partial images, background), the details of a refusal, and OpenAI-shaped 404s for unknown
 routes under /v1 (never Django's HTML page).
 
-Quality maps to documented step tiers (docs/api.md), clipped to the server's step limits:
+Quality maps to documented step tiers (docs/api.md), clipped to the server's step limits; the
+steps of each tier are a setting per served model (IMAGEGEN_QUALITY_STEPS, docs/families.md):
 
-| quality            | steps                         |
+| quality            | steps (default)               |
 | ------------------ | ----------------------------- |
 | low                | 8                             |
 | medium, standard   | 20                            |
@@ -22,7 +23,7 @@ from rest_framework import serializers
 
 from jobs.encoding import OUTPUT_FORMATS
 
-QUALITY_STEPS = {"low": 8, "medium": 20, "standard": 20, "high": 40, "hd": 40}
+_TIER_OF = {"low": "low", "medium": "medium", "standard": "medium", "high": "high", "hd": "high"}
 QUALITIES = ("auto", "low", "medium", "high", "standard", "hd")
 # What the events echo: the values the official client's types allow.
 _EVENT_QUALITY = {"standard": "medium", "hd": "high"}
@@ -32,7 +33,8 @@ MAX_PARTIAL_IMAGES = 3
 def steps_for(quality: str | None) -> int:
     if quality is None or quality in ("", "auto"):
         return settings.IMAGEGEN_DEFAULT_STEPS
-    return max(settings.IMAGEGEN_MIN_STEPS, min(settings.IMAGEGEN_MAX_STEPS, QUALITY_STEPS[quality]))
+    steps = settings.IMAGEGEN_QUALITY_STEPS[_TIER_OF[quality]]
+    return max(settings.IMAGEGEN_MIN_STEPS, min(settings.IMAGEGEN_MAX_STEPS, steps))
 
 
 def event_quality(quality: str | None) -> str:

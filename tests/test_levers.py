@@ -115,3 +115,12 @@ def test_first_block_cache_skips_the_remaining_blocks_of_similar_steps(tiny):
 def test_a_setting_the_family_cannot_honour_is_refused_at_load(tiny, family, overrides, named):
     with pytest.raises(ModelConfigError, match=re.escape(named)):
         load(tiny(family), **overrides)
+
+
+def test_quality_tiers_take_their_steps_from_the_served_models_setting(settings):
+    from jobs.openai_compat import steps_for
+
+    settings.IMAGEGEN_QUALITY_STEPS = {"low": 4, "medium": 12, "high": 30}
+    assert [steps_for(q) for q in ("low", "medium", "standard", "high", "hd")] == [4, 12, 12, 30, 30]
+    settings.IMAGEGEN_MAX_STEPS = 20
+    assert steps_for("high") == 20  # still clipped to the server's limits
