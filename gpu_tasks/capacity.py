@@ -29,3 +29,12 @@ def suggest_cap(throughput: dict[int, float], min_gain: float = 0.10) -> int:
         else:
             break
     return best
+
+
+def suggest_fill_wait(cap: int, single_pass_seconds: float) -> float:
+    """How long a partial batch should wait for more of its shape: nothing when batching does not
+    pay (cap 1); else at most half a batch-1 pass (waiting longer than that costs the first job
+    more than running it alone and the next one after it would), and never above 1 s."""
+    if cap <= 1:
+        return 0.0
+    return round(min(1.0, 0.5 * single_pass_seconds), 3)

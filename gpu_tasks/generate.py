@@ -179,6 +179,17 @@ class Runner:
             if (job.id, index) not in have
         ]
         model = get_model(batch.model_version)
+        refused = _refused(model, rows, batch.guidance_scale)
+        if refused:  # what the served family cannot honour fails alone, not with its batch
+            for job in jobs:
+                if str(job.id) in refused:
+                    actions.fail_running(job, refused[str(job.id)])
+            jobs = [job for job in jobs if str(job.id) not in refused]
+            rows = [row for row in rows if row.job_id not in refused]
+            claimed = Claimed(batch, jobs, {k: v for k, v in claimed.counts.items() if k not in refused})
+            if not jobs:
+                actions.close_empty(batch.id)
+                return
         job_ids = [str(job.id) for job in jobs]
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image
@@ -387,6 +398,19 @@ class Runner:
         self._writer.join(timeout)
         self._encoders.shutdown(wait=False)
         self._ahead_pool.shutdown(wait=False)
+
+
+def _refused(model, rows: list[Row], guidance_scale: float) -> dict[str, str]:
+    """Job id -> why the served model cannot make it as asked (gpu_tasks/families.py)."""
+    refusal = getattr(model, "refusal", None)
+    out: dict[str, str] = {}
+    if refusal is None:
+        return out
+    for row in rows:
+        why = refusal(row, guidance_scale)
+        if why and row.job_id not in out:
+            out[row.job_id] = why
+    return out
 
 
 class _Abandoned(Exception):

@@ -55,10 +55,16 @@ def preview_size(width: int, height: int) -> tuple[int, int]:
 StepCallback = Callable[[int, int, "object"], bool]  # (step, total, latents) -> stop?
 
 
+class _Stopped(Exception):
+    """Raised from a legacy step callback (no interrupt flag in that pipeline) to end the pass."""
+
+
 class LoadedModel:
-    def __init__(self, path: Path, device: str):
+    def __init__(self, path: Path, device: str, version: str | None = None):
         import torch
         from diffusers import AutoPipelineForText2Image
+
+        from gpu_tasks import families, levers
 
         if settings.IMAGEGEN_TORCH_THREADS > 0:
             torch.set_num_threads(settings.IMAGEGEN_TORCH_THREADS)
@@ -67,20 +73,66 @@ class LoadedModel:
         self.device = device
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.IMAGEGEN_DTYPE]
         self.pipe = AutoPipelineForText2Image.from_pretrained(str(self.path), local_files_only=True, torch_dtype=dtype)
+        self.family = families.detect(self.pipe)
+        problems = families.check(self.pipe, self.family)
+        if problems:
+            raise families.ModelConfigError("; ".join(problems))
         self.pipe.set_progress_bar_config(disable=True)
         self.pipe.to(device)
-        apply_runtime_levers(self.pipe)
+        apply_runtime_levers(self.pipe, self.family)
+        self.text_cache = levers.TextEncoderCache.install(self.pipe, version or settings.IMAGEGEN_MODEL_VERSION,
+                                                          settings.IMAGEGEN_TEXT_CACHE_SIZE)
         self.preview_map = self._load_preview_map()
         self.load_seconds = time.monotonic() - started
-        log.info("loaded pipeline %s on %s in %.1fs", self.path, device, self.load_seconds)
+        log.info("loaded %s pipeline %s on %s in %.1fs", self.family.name, self.path, device, self.load_seconds)
+
+    @property
+    def denoiser(self):
+        return getattr(self.pipe, self.family.denoiser)
 
     def _load_preview_map(self) -> dict:
+        """The latent-to-RGB map of previews: the model's own fitted one (preview_decoder.json),
+        else SD 1.x's well-known one for an SD 1.x model, else one fitted now against this
+        model's VAE (every other family, whatever its latent channels)."""
         fitted = self.path / "preview_decoder.json"
-        data = json.loads(fitted.read_text()) if fitted.exists() else _DEFAULT_PREVIEW
+        if fitted.exists():
+            data = json.loads(fitted.read_text())
+        elif self.family.name == "sd15":
+            data = _DEFAULT_PREVIEW
+        else:
+            data = fit_preview_map(self.pipe, self.family)
         weight = np.asarray(data["weight"], dtype=np.float32)
         bias = np.asarray(data["bias"], dtype=np.float32)
+        if weight.shape != (3, self.family.latent_channels):
+            raise ValueError(f"the preview map has shape {weight.shape}; this {self.family.name} model has "
+                             f"{self.family.latent_channels} latent channels")
         minus_one_one = data.get("range") == "minus_one_one"
         return {"weight": weight, "bias": bias, "minus_one_one": minus_one_one}
+
+    def refusal(self, row: Row, guidance_scale: float) -> str | None:
+        """Why this model cannot make the row as asked (None: it can)."""
+        if row.negative_prompt and self.family.negative_prompt == "true-cfg" and settings.IMAGEGEN_TRUE_CFG_SCALE <= 1:
+            return (f"the served model ({self.family.name}) has distilled guidance and takes no negative prompt "
+                    "on this server (IMAGEGEN_TRUE_CFG_SCALE is off)")
+        return None
+
+    def call_arguments(self, rows: list[Row], width: int, height: int, steps: int, guidance_scale: float) -> dict:
+        """The pipeline call for the rows, in the family's own terms."""
+        kwargs: dict = {
+            "prompt": [row.prompt for row in rows],
+            "width": width,
+            "height": height,
+            "num_inference_steps": steps,
+            "guidance_scale": guidance_scale,
+            "output_type": "pil",
+            **self.family.call_kwargs,
+        }
+        if self.family.negative_prompt == "cfg" and guidance_scale > 1:
+            kwargs["negative_prompt"] = [row.negative_prompt for row in rows]
+        elif self.family.negative_prompt == "true-cfg" and settings.IMAGEGEN_TRUE_CFG_SCALE > 1:
+            kwargs["negative_prompt"] = [row.negative_prompt for row in rows]
+            kwargs["true_cfg_scale"] = settings.IMAGEGEN_TRUE_CFG_SCALE
+        return kwargs
 
     def generate(
         self,
@@ -94,40 +146,65 @@ class LoadedModel:
         """Run the rows as one batch. Returns None when on_step asked to stop."""
         import torch
 
-        generators = [torch.Generator(device="cpu").manual_seed(int(row.seed)) for row in rows]
+        from gpu_tasks import families, levers
+
+        for row in rows:
+            why = self.refusal(row, guidance_scale)
+            if why:
+                raise ValueError(why)
+        for component in self.pipe.components.values():  # a pass that raised may have left a step cache behind
+            if hasattr(component, "_reset_stateful_cache"):
+                component._reset_stateful_cache()
+        kwargs = self.call_arguments(rows, width, height, steps, guidance_scale)
+        kwargs["generator"] = [torch.Generator(device="cpu").manual_seed(int(row.seed)) for row in rows]
         stopped = False
+        estimate = levers.CleanEstimate(self.pipe.scheduler) if settings.IMAGEGEN_PREVIEW_SOURCE == "x0" else None
+        cutoff = levers.cfg_cutoff(self.family, steps, guidance_scale)
 
-        def callback(pipe, step_index, timestep, kwargs):
+        def step_end(step_index: int, latents) -> bool:
             nonlocal stopped
-            if on_step is not None and on_step(step_index + 1, steps, kwargs["latents"]):
+            if on_step is None:
+                return False
+            shown = estimate.latest if estimate is not None and estimate.latest is not None else latents
+            if on_step(step_index + 1, steps, _Latents(self, shown, width, height)):
                 stopped = True
-                pipe._interrupt = True
-            return {}
+            return stopped
 
-        with torch.inference_mode():
-            out = self.pipe(
-                prompt=[row.prompt for row in rows],
-                negative_prompt=[row.negative_prompt for row in rows] if guidance_scale > 1 else None,
-                width=width,
-                height=height,
-                num_inference_steps=steps,
-                guidance_scale=guidance_scale,
-                generator=generators,
-                output_type="pil",
-                callback_on_step_end=callback,
-                callback_on_step_end_tensor_inputs=["latents"],
-            )
+        if self.family.callback == "on_step_end":
+            def callback(pipe, step_index, timestep, callback_kwargs):
+                out = cutoff(pipe, step_index, timestep, callback_kwargs) if cutoff is not None else {}
+                if step_end(step_index, callback_kwargs["latents"]):
+                    pipe._interrupt = True
+                return out
+
+            kwargs["callback_on_step_end"] = callback
+            kwargs["callback_on_step_end_tensor_inputs"] = families.callback_tensors(self.family)
+        else:
+            def legacy(step_index, timestep, latents):
+                if step_end(step_index, latents):
+                    raise _Stopped
+
+            kwargs["callback"] = legacy
+            kwargs["callback_steps"] = 1
+        try:
+            with torch.inference_mode(), (estimate if estimate is not None else _nothing()):
+                out = self.pipe(**kwargs)
+        except _Stopped:
+            return None
         if stopped:
             return None
         return list(out.images)
 
     def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
         """Small pictures (at most PREVIEW_MAX_SIDE on the long side) approximating what the rows
-        will look like, from the step callback's latents. Not sent as they are: the generate
-        stage passes them through the image gate first."""
+        will look like, from the step callback's latents (the model's clean-image estimate when
+        IMAGEGEN_PREVIEW_SOURCE=x0). Not sent as they are: the generate stage passes them
+        through the image gate first."""
+        if isinstance(latents, _Latents):
+            latents = latents.spatial()
         out = []
         for row_index in row_indices:
-            lat = latents[row_index].detach().float().cpu().numpy()  # (4, h, w)
+            lat = latents[row_index].detach().float().cpu().numpy()  # (C, h, w)
             rgb = np.einsum("ck,khw->hwc", self.preview_map["weight"], lat) + self.preview_map["bias"]
             if self.preview_map["minus_one_one"]:
                 rgb = (rgb + 1.0) / 2.0
@@ -136,19 +213,72 @@ class LoadedModel:
         return out
 
 
-def apply_runtime_levers(pipe) -> None:
-    """The per-step cost levers, each a setting (measured on and off by bench/runtime_levers.py)."""
+class _Latents:
+    """A step's latents as the pipeline holds them (Flux: packed 2x2 patches), unpacked to
+    (batch, channels, h, w) only when a preview is made."""
+
+    def __init__(self, model: LoadedModel, tensor, width: int, height: int):
+        self.model, self.tensor, self.width, self.height = model, tensor, width, height
+
+    def spatial(self):
+        if self.model.family.packed_latents:
+            pipe = self.model.pipe
+            return pipe._unpack_latents(self.tensor, self.height, self.width, pipe.vae_scale_factor)
+        return self.tensor
+
+    def __getitem__(self, index):
+        return self.spatial()[index]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fit_preview_map(pipe, family, samples: int = 4, side: int = 16, seed: int = 0) -> dict:
+    """A linear latent-to-RGB map fitted by least squares against the model's own VAE: decode a
+    few random latents and regress each decoded pixel (pooled to latent resolution) on its latent."""
     import torch
 
-    if settings.IMAGEGEN_ATTENTION == "classic":
+    vae = pipe.vae
+    scale = float(vae.config.scaling_factor or 1.0)
+    shift = float(getattr(vae.config, "shift_factor", None) or 0.0)
+    factor = int(getattr(pipe, "vae_scale_factor", 8))
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    z = torch.randn((samples, family.latent_channels, side, side), generator=generator)
+    with torch.inference_mode():
+        image = vae.decode((z / scale + shift).to(vae.device, vae.dtype)).sample.float().cpu()
+    pooled = torch.nn.functional.avg_pool2d(image, factor)  # (n, 3, side, side), in [-1, 1]
+    x = z.permute(0, 2, 3, 1).reshape(-1, family.latent_channels).numpy()
+    y = pooled.permute(0, 2, 3, 1).reshape(-1, 3).numpy()
+    design = np.concatenate([x, np.ones((x.shape[0], 1), dtype=np.float32)], axis=1)
+    solution, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return {"weight": solution[:-1].T.tolist(), "bias": solution[-1].tolist(), "range": "minus_one_one"}
+
+
+def apply_runtime_levers(pipe, family=None) -> None:
+    """The per-step cost levers, each a setting (measured on and off by bench/runtime_levers.py);
+    families.check has refused those the family cannot take."""
+    import torch
+
+    denoiser_name = family.denoiser if family is not None else "unet"
+    if settings.IMAGEGEN_ATTENTION == "classic" and denoiser_name == "unet":
         from diffusers.models.attention_processor import AttnProcessor
 
         pipe.unet.set_attn_processor(AttnProcessor())  # SDPA (the default) off
-    if settings.IMAGEGEN_CHANNELS_LAST:
+    if settings.IMAGEGEN_CHANNELS_LAST and denoiser_name == "unet":
         pipe.unet.to(memory_format=torch.channels_last)
         pipe.vae.to(memory_format=torch.channels_last)
+    if settings.IMAGEGEN_STEP_CACHE == "first-block":
+        from diffusers.hooks import FirstBlockCacheConfig
+
+        getattr(pipe, denoiser_name).enable_cache(FirstBlockCacheConfig(threshold=settings.IMAGEGEN_STEP_CACHE_THRESHOLD))
     if settings.IMAGEGEN_COMPILE:
-        pipe.unet = torch.compile(pipe.unet, mode=settings.IMAGEGEN_COMPILE_MODE, fullgraph=False)
+        setattr(pipe, denoiser_name, torch.compile(getattr(pipe, denoiser_name), mode=settings.IMAGEGEN_COMPILE_MODE,
+                                                   fullgraph=False))
 
 
 def warm_up(model: LoadedModel) -> float:
@@ -185,5 +315,5 @@ def get_model(version: str | None = None) -> LoadedModel:
                 _loaded[version] = SimulatedModel()  # type: ignore[assignment]
             else:
                 path = settings.IMAGEGEN_MODEL_PATH if version == settings.IMAGEGEN_MODEL_VERSION else catalogue.path_for(version)
-                _loaded[version] = LoadedModel(path, settings.IMAGEGEN_DEVICE)
+                _loaded[version] = LoadedModel(path, settings.IMAGEGEN_DEVICE, version)
         return _loaded[version]

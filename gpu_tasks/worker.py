@@ -29,7 +29,8 @@ def _on_worker_ready(sender=None, **kwargs):
     from scheduling import catalogue, heartbeats
 
     for queue in gpu_queues:  # load each lane's model once, before its first batch
-        model = get_model(catalogue.version_of_lane(queue[len(settings.QUEUE_GPU_PREFIX):]))
+        version = catalogue.version_of_lane(queue[len(settings.QUEUE_GPU_PREFIX):])
+        model = _load_model_or_exit(lambda v=version: get_model(v))
         if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
             from gpu_tasks.pipeline import warm_up
 
@@ -42,6 +43,29 @@ def _on_worker_ready(sender=None, **kwargs):
 
 
 GATE_ERROR_KEY = "gate-error"
+MODEL_ERROR_KEY = "model-error"
+
+
+def _load_model_or_exit(get_model):
+    """Load the served model and check its family against the settings (gpu_tasks/families.py):
+    a setting the family cannot honour refuses to start the worker, and /readyz names it until
+    a worker of this model starts cleanly."""
+    import os
+
+    from gpu_tasks.families import ModelConfigError
+    from imagegen.redis_client import PREFIX, get_redis
+
+    key = f"{PREFIX}{MODEL_ERROR_KEY}:{settings.IMAGEGEN_MODEL_NAME}"
+    try:
+        model = get_model()
+    except ModelConfigError as exc:
+        log.critical("the served model and the settings do not go together, refusing to start: %s", exc)
+        try:
+            get_redis().set(key, str(exc)[:1000], ex=24 * 3600)
+        finally:
+            os._exit(3)
+    get_redis().delete(key)
+    return model
 
 
 def _check_image_gate() -> None:

@@ -32,6 +32,8 @@ def readyz(request):
 
         gate_error = get_redis().get(PREFIX + "gate-error")  # written by a worker that refused to start
         checks["image_gate"] = "ok" if not gate_error else f"misconfigured: {gate_error}"
+        model_error = get_redis().get(f"{PREFIX}model-error:{settings.IMAGEGEN_MODEL_NAME}")  # gpu_tasks/worker.py
+        checks["model"] = "ok" if not model_error else f"misconfigured: {model_error}"
 
         from scheduling import catalogue
         from scheduling.lanes import lane_of
@@ -43,6 +45,7 @@ def readyz(request):
     else:
         checks["gpu_workers"] = "unknown: redis is unavailable"
         checks["image_gate"] = "unknown: redis is unavailable"
+        checks["model"] = "unknown: redis is unavailable"
     failing = [part for part, state in checks.items() if state != "ok"]
     body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
     return JsonResponse(body, status=200 if not failing else 503)

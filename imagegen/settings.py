@@ -202,6 +202,21 @@ IMAGEGEN_ATTENTION = env_str("IMAGEGEN_ATTENTION", "sdpa")  # sdpa | classic
 IMAGEGEN_CHANNELS_LAST = env_bool("IMAGEGEN_CHANNELS_LAST", False)
 IMAGEGEN_COMPILE = env_bool("IMAGEGEN_COMPILE", False)
 IMAGEGEN_COMPILE_MODE = env_str("IMAGEGEN_COMPILE_MODE", "default")  # or max-autotune, reduce-overhead
+# The family the operator expects at IMAGEGEN_MODEL_PATH (sd15, sdxl, sd3, flux, pixart; empty:
+# any). Every setting below is checked against the family at load (gpu_tasks/families.py): one
+# it cannot honour stops the worker at start, named in its log and in /readyz.
+IMAGEGEN_MODEL_FAMILY = env_str("IMAGEGEN_MODEL_FAMILY", "")
+# Stop classifier-free guidance after this fraction of the steps (0: off). sd15, sdxl, sd3.
+IMAGEGEN_CFG_CUTOFF = env_float("IMAGEGEN_CFG_CUTOFF", 0.0)
+# Step caching: off | first-block (diffusers' first-block cache; flux), and its threshold.
+IMAGEGEN_STEP_CACHE = env_str("IMAGEGEN_STEP_CACHE", "off")
+IMAGEGEN_STEP_CACHE_THRESHOLD = env_float("IMAGEGEN_STEP_CACHE_THRESHOLD", 0.05)
+# Flux: > 1 honours negative prompts by true CFG (a second pass per step); 1: negative prompts refused.
+IMAGEGEN_TRUE_CFG_SCALE = env_float("IMAGEGEN_TRUE_CFG_SCALE", 1.0)
+# Text-encoder outputs kept per (model version, prompt, negative prompt); 0: off.
+IMAGEGEN_TEXT_CACHE_SIZE = env_int("IMAGEGEN_TEXT_CACHE_SIZE", 0)
+# Previews decode the model's clean-image estimate (x0) or the noisy latents (latents).
+IMAGEGEN_PREVIEW_SOURCE = env_choice("IMAGEGEN_PREVIEW_SOURCE", "x0", ("x0", "latents"))
 # Run each menu shape once at worker start (needed with torch.compile; cheap without).
 IMAGEGEN_WARM_UP = env_bool("IMAGEGEN_WARM_UP", IMAGEGEN_COMPILE)
 # "real" runs the diffusers pipeline; "simulated" sleeps by a cost model (gpu_tasks/simulated.py).
@@ -219,6 +234,11 @@ IMAGEGEN_MAX_STEPS = env_int("IMAGEGEN_MAX_STEPS", 150)
 IMAGEGEN_DEFAULT_STEPS = env_int("IMAGEGEN_DEFAULT_STEPS", 20)
 IMAGEGEN_MAX_COUNT = env_int("IMAGEGEN_MAX_COUNT", 8)
 IMAGEGEN_DEFAULT_GUIDANCE = env_float("IMAGEGEN_DEFAULT_GUIDANCE", 5.0)
+# The OpenAI route's quality tiers as steps, per served model ("low:8,medium:20,high:40");
+# docs/families.md has each tier's GPU-seconds and accuracy on the shipped model.
+IMAGEGEN_QUALITY_STEPS = {"low": 8, "medium": 20, "high": 40} | {
+    tier.strip(): int(steps) for tier, steps in (item.split(":") for item in env_list("IMAGEGEN_QUALITY_STEPS", []))
+}
 IMAGEGEN_MAX_PROMPT_CHARS = 2000
 
 # --- batch scheduler ---

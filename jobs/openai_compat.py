@@ -3,9 +3,10 @@ Images API beyond prompt/n/size (output format and compression, quality tiers, s
 partial images, background), the details of a refusal, and OpenAI-shaped 404s for unknown
 routes under /v1 (never Django's HTML page).
 
-Quality maps to documented step tiers (docs/api.md), clipped to the server's step limits:
+Quality maps to documented step tiers (docs/api.md), clipped to the server's step limits; the
+steps of each tier are a setting per served model (IMAGEGEN_QUALITY_STEPS, docs/families.md):
 
-| quality            | steps                         |
+| quality            | steps (default)               |
 | ------------------ | ----------------------------- |
 | low                | 8                             |
 | medium, standard   | 20                            |
@@ -26,7 +27,7 @@ from rest_framework import serializers
 
 from jobs.encoding import OUTPUT_FORMATS
 
-QUALITY_STEPS = {"low": 8, "medium": 20, "standard": 20, "high": 40, "hd": 40}
+_TIER_OF = {"low": "low", "medium": "medium", "standard": "medium", "high": "high", "hd": "high"}
 QUALITIES = ("auto", "low", "medium", "high", "standard", "hd")
 # What the events echo: the values the official client's types allow.
 _EVENT_QUALITY = {"standard": "medium", "hd": "high"}
@@ -41,16 +42,19 @@ def model_for(quality: str | None, model: str | None) -> str:
 
 
 def steps_for(quality: str | None, model: str | None = None) -> int:
+    """A tier's steps on the model: the deployment's IMAGEGEN_QUALITY_STEPS for the default
+    model, a served model's own `quality_steps` (serving.json) for another."""
     from scheduling import catalogue
 
     served = catalogue.get(model)
     if served is None or served.default:
-        default, tiers, top = settings.IMAGEGEN_DEFAULT_STEPS, QUALITY_STEPS, settings.IMAGEGEN_MAX_STEPS
+        default, tiers, top = settings.IMAGEGEN_DEFAULT_STEPS, settings.IMAGEGEN_QUALITY_STEPS, settings.IMAGEGEN_MAX_STEPS
     else:
         default, tiers, top = served.default_steps, served.quality_steps, served.max_steps
-    if quality is None or quality in ("", "auto") or quality not in tiers:
+    tier = _TIER_OF.get(quality or "")
+    if tier is None or tier not in tiers:
         return default
-    return max(settings.IMAGEGEN_MIN_STEPS, min(top, tiers[quality]))
+    return max(settings.IMAGEGEN_MIN_STEPS, min(top, tiers[tier]))
 
 
 def event_quality(quality: str | None) -> str:

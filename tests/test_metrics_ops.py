@@ -62,7 +62,7 @@ def test_a_shed_submit_is_counted(workers, alice_api, settings):
 def test_readyz_is_ready_with_a_live_gpu_worker(workers):
     response = Client().get("/readyz")
     assert response.status_code == 200, response.content
-    assert response.json()["checks"] == {"database": "ok", "redis": "ok", "image_gate": "ok", "gpu_workers": "ok"}
+    assert response.json()["checks"] == {"database": "ok", "redis": "ok", "image_gate": "ok", "model": "ok", "gpu_workers": "ok"}
     assert Client().get("/healthz").status_code == 200
 
 

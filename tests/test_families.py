@@ -1,0 +1,123 @@
+"""Every served diffusers family end to end through a real GPU worker (tiny random pipelines,
+64x64, a few steps): done, deterministic, gated previews arrive, cancel mid-run works; and a
+setting the family cannot honour refuses to start the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.test import Client, override_settings
+
+from gpu_tasks.tiny_pipeline import FAMILIES, write_tiny_family
+from jobs import events
+from jobs.models import GenerationJob
+from tests.conftest import admitted_to, forget_cache, wait_for_status
+from tests.test_generation import pixels
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="session")
+def family_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return lambda family: write_tiny_family(root / family, family) if not (root / family / "model_index.json").exists() else root / family
+
+
+def submit(api, lane: str, **body) -> str:
+    payload = {"prompt": "a red circle on a blue background", "width": 64, "height": 64, "steps": 3, **body}
+    with admitted_to(lane):
+        response = api.post("/api/v1/jobs", payload, format="json")
+    assert response.status_code == 202, response.content
+    return response.json()["id"]
+
+
+def watch(job_id: str, on_event=None, timeout: float = 90.0) -> list[dict]:
+    """Every event of the job until its final status (the job must still be queued: the lanes'
+    fill wait holds a lone job back long enough to subscribe)."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(events.group_name(job_id), channel)
+    seen: list[dict] = []
+    deadline = time.monotonic() + timeout
+
+    async def receive():
+        return await asyncio.wait_for(layer.receive(channel), timeout=2)
+
+    while time.monotonic() < deadline:
+        try:
+            message = async_to_sync(receive)()
+        except TimeoutError:
+            if GenerationJob.objects.get(id=job_id).status not in ("queued", "running"):
+                break
+            continue
+        event = message["event"]
+        seen.append(event)
+        if on_event is not None:
+            on_event(event)
+        if event["type"] == "status" and event["status"] not in ("queued", "running"):
+            break
+    return seen
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_served_end_to_end(family, family_models, start_worker, workers, alice_api):
+    lane = f"fam-{family}"
+    worker = start_worker(f"gpu-{family}", f"{settings.QUEUE_GPU_PREFIX}{lane}", IMAGEGEN_MODEL_NAME=lane,
+                          IMAGEGEN_MODEL_PATH=str(family_models(family)), IMAGEGEN_MODEL_VERSION=f"tiny-{family}",
+                          IMAGEGEN_PREVIEW_EVERY="1", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
+    try:
+        assert f"loaded {family} pipeline".encode() in worker.log_path.read_bytes()
+        # Done, with gated previews, two images with their own seeds in one pass.
+        job_id = submit(alice_api, lane, seed=11, count=2, prompt="a green square")
+        seen = watch(job_id)
+        assert wait_for_status(job_id, ("done",)).status == "done"
+        previews = [e for e in seen if e["type"] == "preview"]
+        assert previews and all(p["image"].startswith("data:image/jpeg;base64,") for p in previews)
+        first, second = pixels(job_id)
+        assert first.shape == (64, 64, 3) and not np.array_equal(first, second)
+        # Deterministic: the same request generated again gives the same pixels.
+        forget_cache()
+        again = submit(alice_api, lane, seed=11, count=2, prompt="a green square")
+        assert wait_for_status(again, ("done",)).status == "done"
+        assert GenerationJob.objects.get(id=again).batch_id != GenerationJob.objects.get(id=job_id).batch_id
+        assert all(np.array_equal(a, b) for a, b in zip(pixels(job_id), pixels(again), strict=True))
+        # Cancel mid-run: after its first progress event.
+        long_job = submit(alice_api, lane, seed=12, steps=60)
+
+        def cancel_once_running(event, asked=[]):  # noqa: B006  # once per job
+            if event["type"] == "progress" and not asked:
+                asked.append(True)
+                assert alice_api.post(f"/api/v1/jobs/{long_job}/cancel").status_code == 202
+
+        seen = watch(long_job, cancel_once_running)
+        row = wait_for_status(long_job, ("cancelled",))
+        steps = [e["step"] for e in seen if e["type"] == "progress"]
+        assert row.status == "cancelled" and row.images.count() == 0
+        assert steps and max(steps) < 60
+        if family == "flux":  # distilled guidance: a negative prompt is refused for that job alone
+            refused = submit(alice_api, lane, seed=13, negative_prompt="blurry")
+            row = wait_for_status(refused, ("failed",))
+            assert "takes no negative prompt" in row.reason
+    finally:
+        worker.stop()
+
+
+def test_a_setting_the_family_cannot_honour_refuses_to_start(family_models, start_worker, workers):
+    lane = "fam-mismatch"
+    worker = start_worker("gpu-mismatch", f"{settings.QUEUE_GPU_PREFIX}{lane}", wait=False, IMAGEGEN_MODEL_NAME=lane,
+                          IMAGEGEN_MODEL_PATH=str(family_models("flux")), IMAGEGEN_CFG_CUTOFF="0.5",
+                          IMAGEGEN_MODEL_FAMILY="sdxl")
+    assert worker.proc.wait(timeout=180) == 3
+    log = worker.log_path.read_bytes()
+    assert b"refusing to start" in log
+    assert b"IMAGEGEN_CFG_CUTOFF=0.5 cannot be honoured by a flux model" in log
+    assert b"IMAGEGEN_MODEL_FAMILY=sdxl but IMAGEGEN_MODEL_PATH holds a flux model" in log
+    with override_settings(IMAGEGEN_MODEL_NAME=lane):
+        body = Client().get("/readyz").json()
+    assert "model" in body["failing"] and "IMAGEGEN_CFG_CUTOFF" in body["checks"]["model"]

@@ -1,0 +1,126 @@
+"""Each per-step lever changes the step count or cost it claims (counted on the real tiny
+pipelines' modules, not timed), and a refused combination names the setting."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.test import override_settings
+
+from gpu_tasks.families import ModelConfigError
+from gpu_tasks.pipeline import LoadedModel, Row
+from gpu_tasks.tiny_pipeline import write_tiny_family
+
+ROWS = [Row("j", 0, "a red circle", "", 1), Row("j", 1, "a blue square", "green", 2)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lever-models")
+    made: dict[str, object] = {}
+
+    def path(family: str):
+        if family not in made:
+            made[family] = write_tiny_family(root / family, family)
+        return made[family]
+
+    return path
+
+
+def load(path, **overrides) -> LoadedModel:
+    with override_settings(**overrides):
+        return LoadedModel(path, "cpu")
+
+
+def denoiser_rows(model: LoadedModel, steps: int = 4, guidance: float = 5.0, **overrides) -> tuple[int, int]:
+    """(denoiser calls, rows through the denoiser) for one pass of ROWS."""
+    calls = []
+    handle = model.denoiser.register_forward_pre_hook(lambda module, args, kwargs: calls.append(
+        (args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))).shape[0]), with_kwargs=True)
+    try:
+        with override_settings(**overrides):
+            model.generate(ROWS, 64, 64, steps, guidance)
+    finally:
+        handle.remove()
+    return len(calls), sum(calls)
+
+
+@pytest.mark.parametrize("family", ["sd15", "sdxl", "sd3"])
+def test_cfg_cutoff_halves_the_rows_of_the_late_steps(tiny, family):
+    model = load(tiny(family), IMAGEGEN_CFG_CUTOFF=0.5)
+    on = denoiser_rows(model, IMAGEGEN_CFG_CUTOFF=0.5)
+    off = denoiser_rows(model, IMAGEGEN_CFG_CUTOFF=0.0)
+    assert off == (4, 4 * 2 * len(ROWS))  # guidance: unconditional and conditional row per image, every step
+    assert on == (4, 2 * 2 * len(ROWS) + 2 * len(ROWS))  # two guided steps, then the conditional rows only
+
+
+def test_cfg_cutoff_keeps_each_row_its_own_prompt(tiny):
+    """The cutoff keeps the conditional half of the batch (diffusers' own callbacks keep [-1:],
+    the last row only): each image still follows its own prompt, whatever its company."""
+    model = load(tiny("sd15"), IMAGEGEN_CFG_CUTOFF=0.5)
+    import numpy as np
+
+    with override_settings(IMAGEGEN_CFG_CUTOFF=0.5):
+        together = model.generate(ROWS, 64, 64, 4, 5.0)
+        alone = model.generate(ROWS[:1], 64, 64, 4, 5.0)
+    assert np.abs(np.asarray(together[0], int) - np.asarray(alone[0], int)).max() <= 3
+
+
+def test_the_text_encoder_cache_skips_the_encoder_for_a_repeated_prompt(tiny):
+    model = load(tiny("sdxl"), IMAGEGEN_TEXT_CACHE_SIZE=16)
+    calls = []
+    hooks = [encoder.register_forward_hook(lambda *a: calls.append(1)) for encoder in
+             (model.pipe.text_encoder, model.pipe.text_encoder_2)]
+    try:
+        first = model.generate(ROWS, 64, 64, 2, 5.0)
+        cold = len(calls)
+        second = model.generate(ROWS, 64, 64, 2, 5.0)
+        assert cold > 0 and len(calls) == cold  # the repeat ran no text encoder
+        model.generate([Row("j", 0, "a red circle", "yellow", 1)], 64, 64, 2, 5.0)
+        assert len(calls) > cold  # another negative prompt is another entry
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert model.text_cache is not None and model.text_cache.hits >= len(ROWS)
+    import numpy as np
+
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, second, strict=True))
+
+
+def test_first_block_cache_skips_the_remaining_blocks_of_similar_steps(tiny):
+    rows = [Row("j", 0, "a red circle", "", 1)]
+
+    def tail_calls(model) -> int:  # the last block's own layers (its hook-wrapped call runs either way)
+        calls = []
+        hook = model.pipe.transformer.single_transformer_blocks[-1].proj_out.register_forward_hook(lambda *a: calls.append(1))
+        try:
+            model.generate(rows, 64, 64, 4, 3.5)
+        finally:
+            hook.remove()
+        return len(calls)
+
+    assert tail_calls(load(tiny("flux"))) == 4
+    cached = load(tiny("flux"), IMAGEGEN_STEP_CACHE="first-block", IMAGEGEN_STEP_CACHE_THRESHOLD=100.0)
+    assert tail_calls(cached) == 1  # the first step computes every block; the rest reuse its residual
+
+
+@pytest.mark.parametrize(("family", "overrides", "named"), [
+    ("pixart", {"IMAGEGEN_CFG_CUTOFF": 0.5}, "IMAGEGEN_CFG_CUTOFF=0.5 cannot be honoured by a pixart model"),
+    ("sd15", {"IMAGEGEN_STEP_CACHE": "first-block"}, "IMAGEGEN_STEP_CACHE=first-block cannot be honoured"),
+    ("sd3", {"IMAGEGEN_TRUE_CFG_SCALE": 2.0}, "IMAGEGEN_TRUE_CFG_SCALE=2.0 is for distilled-guidance"),
+    ("flux", {"IMAGEGEN_ATTENTION": "classic"}, "IMAGEGEN_ATTENTION=classic"),
+    ("sd15", {"IMAGEGEN_MODEL_FAMILY": "flux"}, "IMAGEGEN_MODEL_FAMILY=flux but IMAGEGEN_MODEL_PATH holds a sd15"),
+])
+def test_a_setting_the_family_cannot_honour_is_refused_at_load(tiny, family, overrides, named):
+    with pytest.raises(ModelConfigError, match=re.escape(named)):
+        load(tiny(family), **overrides)
+
+
+def test_quality_tiers_take_their_steps_from_the_served_models_setting(settings):
+    from jobs.openai_compat import steps_for
+
+    settings.IMAGEGEN_QUALITY_STEPS = {"low": 4, "medium": 12, "high": 30}
+    assert [steps_for(q) for q in ("low", "medium", "standard", "high", "hd")] == [4, 12, 12, 30, 30]
+    settings.IMAGEGEN_MAX_STEPS = 20
+    assert steps_for("high") == 20  # still clipped to the server's limits
