@@ -68,7 +68,10 @@ def _profile(path: Path) -> dict:
 
 
 def _served_model(version: str, path: Path, default: bool) -> ServedModel:
-    prof = {} if default else _profile(path)
+    # The default version's steps and guidance are the deployment's settings; its batch caps and
+    # fill wait may come from its serving.json like any other version's.
+    measured = _profile(path)
+    prof = {k: measured[k] for k in ("batch_caps", "fill_wait") if k in measured} if default else measured
     max_steps = min(settings.IMAGEGEN_MAX_STEPS, int(prof.get("max_steps", settings.IMAGEGEN_MAX_STEPS)))
     steps = int(prof.get("default_steps", settings.IMAGEGEN_DEFAULT_STEPS))
     return ServedModel(

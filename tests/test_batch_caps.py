@@ -16,7 +16,7 @@ from gpu_tasks.tiny_pipeline import write_tiny_family
 
 @pytest.fixture
 def fresh_model(monkeypatch):
-    monkeypatch.setattr(pipeline, "_loaded", None)
+    monkeypatch.setattr(pipeline, "_loaded", {})
 
 
 def profile(tmp_path, **options) -> dict:

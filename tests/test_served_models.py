@@ -139,3 +139,14 @@ def test_the_page_offers_the_model_choice_with_each_models_steps(fast_model, ali
     client.force_login(alice)
     page = client.get("/").content.decode()
     assert 'id="model"' in page and f'value="{FAST}" data-steps="2" data-max-steps="6"' in page
+
+
+def test_measure_batch_caps_writes_the_versions_serving_profile(fast_model, settings):
+    out = StringIO()
+    call_command("measure_batch_caps", "--model-version", FAST, "--batches", "1,2", "--images", "2", "--sizes", "64x64",
+                 "--write-serving", stdout=out)
+    profile = json.loads((fast_model / "serving.json").read_text())
+    assert set(profile["batch_caps"]) == {"64x64"} and profile["batch_caps"]["64x64"] in (1, 2)
+    assert profile["default_steps"] == 2, "the rest of the profile is kept"
+    assert "steps=2" in out.getvalue(), "measured at the model's own default steps"
+
