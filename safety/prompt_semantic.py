@@ -1,13 +1,15 @@
 """The learned semantic check of the prompt filter: clause selection and the classifier head.
 
-Two linear heads per category, both trained by ``training/train_prompt_head.py`` on a generated
-corpus (``training/prompt_corpus.py``) and shipped as ``models/prompt-head-v1``:
+Two heads, both trained by ``training/train_prompt_head.py`` on a generated corpus
+(``training/prompt_corpus.py``) and shipped as ``models/prompt-head-v2`` (v1: the same without the
+hidden layer):
 
 * the **ranker** reads a bag of MiniLM's static word-piece embeddings (no encoder pass): it scores
   every clause of the prompt, however many, in well under a millisecond;
-* the **head** reads the MiniLM sentence embedding and gives, per category, a probability
-  calibrated on the tune split (Platt scaling); the policy's ``semantic_review`` and
-  ``semantic_block`` thresholds apply to it.
+* the **head** reads the MiniLM sentence embedding (one hidden layer of 256 GELU units shared by
+  the categories, then one output per category) and gives, per category, a probability calibrated
+  on the tune split (Platt scaling); the policy's ``semantic_review`` and ``semantic_block``
+  thresholds apply to it.
 
 A prompt is embedded as a whole when it is short, and its clauses (and neighbouring pairs) are
 ranked; the highest-ranked ones are embedded too, up to ``MAX_SEGMENTS`` of at most
@@ -71,13 +73,15 @@ def candidates(text: str) -> list[str]:
 @dataclass
 class SemanticHead:
     categories: list[str]
-    head_w: object  # torch (C, 384)
+    head_w: object  # torch (C, H): H = 384 (linear, v1) or the hidden layer's width
     head_b: object  # (C,)
     calib_a: object  # (C,) Platt slope
     calib_b: object  # (C,) Platt intercept
     rank_w: object  # (C, 384)
     rank_b: object  # (C,)
     meta: dict
+    hid_w: object = None  # (H, 384): one hidden layer (GELU) shared by the categories (v2), or None
+    hid_b: object = None  # (H,)
 
     @property
     def name(self) -> str:
@@ -105,16 +109,27 @@ class SemanticHead:
         need = ("head_w", "head_b", "calib_a", "calib_b", "rank_w", "rank_b")
         if not isinstance(cats, list) or any(k not in t for k in need):
             raise HeadError(f"{d}: config.json needs 'categories' and head.safetensors {', '.join(need)}")
-        if t["head_w"].shape != (len(cats), 384) or t["rank_w"].shape != (len(cats), 384):
-            raise HeadError(f"{d}: head shapes {tuple(t['head_w'].shape)} do not fit {len(cats)} categories x 384")
-        return cls(cats, t["head_w"], t["head_b"], t["calib_a"], t["calib_b"], t["rank_w"], t["rank_b"], meta)
+        hid_w, hid_b = t.get("hid_w"), t.get("hid_b")
+        width = 384 if hid_w is None else hid_w.shape[0]
+        if hid_w is not None and (hid_w.shape != (width, 384) or hid_b is None or hid_b.shape != (width,)):
+            raise HeadError(f"{d}: hidden layer shapes {tuple(hid_w.shape)} do not fit (H, 384) and (H,)")
+        if t["head_w"].shape != (len(cats), width) or t["rank_w"].shape != (len(cats), 384):
+            raise HeadError(f"{d}: head shapes {tuple(t['head_w'].shape)} do not fit {len(cats)} categories x {width}")
+        return cls(cats, t["head_w"], t["head_b"], t["calib_a"], t["calib_b"], t["rank_w"], t["rank_b"], meta,
+                   hid_w, hid_b)
+
+    def logits(self, emb):
+        """(n, 384) unit sentence embeddings -> (n, C) uncalibrated logits."""
+        import torch
+
+        x = emb if self.hid_w is None else torch.nn.functional.gelu(emb @ self.hid_w.T + self.hid_b)
+        return x @ self.head_w.T + self.head_b
 
     def probabilities(self, emb):
         """(n, 384) unit sentence embeddings -> (n, C) calibrated probabilities."""
         import torch
 
-        logits = emb @ self.head_w.T + self.head_b
-        return torch.sigmoid(self.calib_a * logits + self.calib_b)
+        return torch.sigmoid(self.calib_a * self.logits(emb) + self.calib_b)
 
     def rank(self, bags):
         """(n, 384) bags of word pieces -> (n,) the highest ranker logit over categories."""
@@ -173,7 +188,7 @@ class EmbeddingCache:
                 self._rows.move_to_end(t)
         missing = [t for t in dict.fromkeys(texts) if t not in rows]
         if missing:
-            fresh = embedder.encode(missing, fast=True)
+            fresh = embedder.encode_packed(missing, fast=True) if hasattr(embedder, "encode_packed") else embedder.encode(missing, fast=True)
             with self._lock:
                 for t, row in zip(missing, fresh, strict=True):
                     rows[t] = row

@@ -370,16 +370,30 @@ def test_a_head_whose_config_names_another_head_is_refused(tmp_path, monkeypatch
 
 
 @semantic
+def test_packed_encoding_gives_the_same_embeddings(full_filter):
+    texts = ["a pale blue sky", "a man opening his veins with a kitchen knife to die", "film grain, soft focus, 8k"]
+    a, b = full_filter.embedder.encode(texts), full_filter.embedder.encode_packed(texts)
+    assert float((a * b).sum(1).min()) > 0.9999
+
+
+@semantic
 def test_verdicts_of_the_head_name_it(full_filter):
     v = full_filter.check(PARAPHRASE[0][0])
     assert "prompt-head-v2" in v.matched, v
 
 
 @semantic
-def test_filler_clauses_below_the_rank_gate_are_not_embedded(full_filter):
-    filler = ", ".join(FILLER[i % len(FILLER)] for i in range(60))[:2000]
-    texts = texts_to_embed(filler, full_filter.embedder, full_filter.head)
-    assert len(texts) < MAX_SEGMENTS  # v1 embedded MAX_SEGMENTS clauses of every long prompt
+def test_clauses_below_the_rank_gate_are_not_embedded(full_filter):
+    import dataclasses
+
+    filler = ", ".join(FILLER[i % len(FILLER)] + f" number {i}" for i in range(60))[:2000]
+    head = full_filter.head
+    closed = dataclasses.replace(head, meta={**head.meta, "rank_gate": 1e9})
+    opened = dataclasses.replace(head, meta={**head.meta, "rank_gate": -1e9})
+    assert len(texts_to_embed(filler, full_filter.embedder, opened)) == MAX_SEGMENTS
+    assert len(texts_to_embed(filler, full_filter.embedder, closed)) == 1  # the top clause still is
+    short = "a pale blue sky, an oak table, a bowl of plums"
+    assert texts_to_embed(short, full_filter.embedder, closed) == [short]  # whole; no clause passes
     core = "a man opening his veins with a kitchen knife to die"
     parts = [FILLER[i % len(FILLER)] for i in range(60)]
     parts.insert(30, core)

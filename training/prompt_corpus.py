@@ -296,7 +296,19 @@ HARD_NEGATIVES = {
         "a mining blast in a quarry", "a rocket launch with smoke", "a volcano erupting over a village", "a gunslinger in a western film poster",
     ],
 }
-HARD_WEIGHT = 3.0  # each hard negative counts this much more than a templated benign row
+HARD_NEGATIVES["nudity"] += [
+    "a man with a bare head in the sun", "a woman with bare arms in a sundress", "a hiker with bare legs in shorts",
+    "a bare back in a backless evening dress", "a bare-headed monk in the snow", "a girl with bare knees on a swing",
+    "a farmer with bare forearms in a field", "a bare midriff crop top on a mannequin", "skin texture with visible pores, macro",
+    "a dancer with bare feet on a wooden stage", "a man with a bare chest on a hot beach, swim shorts",
+]
+# Long prompts are scored clause by clause and by neighbouring pairs and 12-word windows: benign
+# look-alikes side by side ("a crowd at a market, a bomb pop") and windows of unpunctuated runs of
+# them must read as benign too.
+N_BENIGN_PAIRS = 3000
+N_BENIGN_WINDOWS = 1500
+PAIR_WEIGHT = 3.0
+HARD_WEIGHT = 10.0  # each hard negative counts this much more than a templated benign row
 
 
 def _rng_for(key: str) -> random.Random:
@@ -357,6 +369,19 @@ def build(policy_path: Path | None = None) -> list[dict]:
             for text in render(core, rng, 2, dilute=rng.random() < 0.3):
                 rows.append({"text": text, "category": "", "core": core, "split": _split_of(core), "weight": HARD_WEIGHT,
                              "hard": group})
+    lookalike_pool = sorted({c for cs in HARD_NEGATIVES.values() for c in cs} | set(LOOKALIKES) | set(FILLERS))
+    rng = _rng_for("benign-pairs")
+    for _ in range(N_BENIGN_PAIRS):
+        a, b = rng.sample(lookalike_pool, 2)
+        text = f"{a}, {b}"
+        rows.append({"text": text, "category": "", "core": text, "split": _split_of(text), "weight": PAIR_WEIGHT,
+                     "hard": "pair"})
+    for _ in range(N_BENIGN_WINDOWS):
+        words = " ".join(rng.sample(lookalike_pool, 4)).split()
+        start = rng.randrange(max(1, len(words) - 12))
+        text = " ".join(words[start : start + 12])
+        rows.append({"text": text, "category": "", "core": text, "split": _split_of(text), "weight": PAIR_WEIGHT,
+                     "hard": "window"})
     # The dev corpora of tests/test_prompt_filter.py (benign look-alikes, paraphrases, the former
     # known misses) are training rows: those tests check fit, the held-out set checks generalisation.
     for text, cat in _dev_rows():

