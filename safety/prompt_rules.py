@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from . import confusables, normalize
+from . import normalize
 
 _WORD_RE = re.compile(r"[^\W_]+")
 _TERM_SEP_RE = re.compile(r"[\s_\-]+")

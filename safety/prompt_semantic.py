@@ -4,8 +4,9 @@ Two heads, both trained by ``training/train_prompt_head.py`` on a generated corp
 (``training/prompt_corpus.py``) and shipped as ``models/prompt-head-v2`` (v1: the same without the
 hidden layer):
 
-* the **ranker** reads a bag of MiniLM's static word-piece embeddings (no encoder pass): it scores
-  every clause of the prompt, however many, in well under a millisecond;
+* the **ranker** reads a bag of MiniLM's static word-piece embeddings (no encoder pass; v2: one
+  hidden layer of 128 GELU units): it scores every clause of the prompt, however many, in well under
+  a millisecond;
 * the **head** reads the MiniLM sentence embedding (one hidden layer of 256 GELU units shared by
   the categories, then one output per category) and gives, per category, a probability calibrated
   on the tune split (Platt scaling); the policy's ``semantic_review`` and ``semantic_block``
@@ -27,6 +28,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_HEAD_NAME = "prompt-head-v2"
 MODELS_DIR = Path(__file__).resolve().parents[1] / "models"
@@ -82,6 +84,8 @@ class SemanticHead:
     meta: dict
     hid_w: object = None  # (H, 384): one hidden layer (GELU) shared by the categories (v2), or None
     hid_b: object = None  # (H,)
+    rank_hid_w: object = None  # (Hr, 384): the ranker's hidden layer (v2), or None (linear, v1)
+    rank_hid_b: object = None  # (Hr,)
 
     @property
     def name(self) -> str:
@@ -113,10 +117,15 @@ class SemanticHead:
         width = 384 if hid_w is None else hid_w.shape[0]
         if hid_w is not None and (hid_w.shape != (width, 384) or hid_b is None or hid_b.shape != (width,)):
             raise HeadError(f"{d}: hidden layer shapes {tuple(hid_w.shape)} do not fit (H, 384) and (H,)")
-        if t["head_w"].shape != (len(cats), width) or t["rank_w"].shape != (len(cats), 384):
-            raise HeadError(f"{d}: head shapes {tuple(t['head_w'].shape)} do not fit {len(cats)} categories x {width}")
+        rhid_w, rhid_b = t.get("rank_hid_w"), t.get("rank_hid_b")
+        rwidth = 384 if rhid_w is None else rhid_w.shape[0]
+        if rhid_w is not None and (rhid_w.shape != (rwidth, 384) or rhid_b is None or rhid_b.shape != (rwidth,)):
+            raise HeadError(f"{d}: ranker hidden layer shapes {tuple(rhid_w.shape)} do not fit (Hr, 384) and (Hr,)")
+        if t["head_w"].shape != (len(cats), width) or t["rank_w"].shape != (len(cats), rwidth):
+            raise HeadError(f"{d}: head shapes {tuple(t['head_w'].shape)}, {tuple(t['rank_w'].shape)} do not fit "
+                            f"{len(cats)} categories x {width}, {rwidth}")
         return cls(cats, t["head_w"], t["head_b"], t["calib_a"], t["calib_b"], t["rank_w"], t["rank_b"], meta,
-                   hid_w, hid_b)
+                   hid_w, hid_b, rhid_w, rhid_b)
 
     def logits(self, emb):
         """(n, 384) unit sentence embeddings -> (n, C) uncalibrated logits."""
@@ -133,7 +142,10 @@ class SemanticHead:
 
     def rank(self, bags):
         """(n, 384) bags of word pieces -> (n,) the highest ranker logit over categories."""
-        return (bags @ self.rank_w.T + self.rank_b).max(dim=1).values
+        import torch
+
+        x = bags if self.rank_hid_w is None else torch.nn.functional.gelu(bags @ self.rank_hid_w.T + self.rank_hid_b)
+        return (x @ self.rank_w.T + self.rank_b).max(dim=1).values
 
 
 def texts_to_embed(text: str, embedder, head: SemanticHead | None) -> list[str]:
@@ -171,7 +183,7 @@ class EmbeddingCache:
         from collections import OrderedDict
 
         self.size = size
-        self._rows: OrderedDict[str, object] = OrderedDict()
+        self._rows: OrderedDict[str, Any] = OrderedDict()
         self._lock = threading.Lock()
 
     def clear(self) -> None:
@@ -183,12 +195,13 @@ class EmbeddingCache:
         import torch
 
         with self._lock:
-            rows = {t: self._rows[t] for t in texts if t in self._rows}
+            rows: dict[str, Any] = {t: self._rows[t] for t in texts if t in self._rows}
             for t in rows:
                 self._rows.move_to_end(t)
         missing = [t for t in dict.fromkeys(texts) if t not in rows]
         if missing:
-            fresh = embedder.encode_packed(missing, fast=True) if hasattr(embedder, "encode_packed") else embedder.encode(missing, fast=True)
+            packed = getattr(embedder, "encode_packed", None)
+            fresh = packed(missing, fast=True) if packed is not None else embedder.encode(missing, fast=True)
             with self._lock:
                 for t, row in zip(missing, fresh, strict=True):
                     rows[t] = row

