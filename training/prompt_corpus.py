@@ -7,8 +7,12 @@ policy's own examples; benign hard negatives built from the same subjects and se
 look-alike words ("bare trees", "a shot of espresso", "a butcher shop", "a pharmacist counting
 pills", "a white hooded sweatshirt"). Each core is rendered with prefixes and style tags, and some
 with one to three benign filler clauses (the runtime scores clauses one by one, so light dilution
-is what the head sees). Rows are split into train and tune **by core**, so every tune row's core
-is unseen in training. ``training/prompt_gate/heldout.jsonl`` is never read here.
+is what the head sees). Second pass (prompt-head-v2): ``HARD_NEGATIVES``, each category's risky
+words in ordinary senses and the topics next to it (weight ``HARD_WEIGHT``), and benign pairs and
+12-word windows of look-alikes (what the runtime's clause pairs and windows see on a benign long
+prompt). Rows are split into train and tune **by core**, so every tune row's core is unseen in
+training. ``training/prompt_gate/heldout.jsonl`` and ``tune.jsonl`` are never read here (the
+trainer drops corpus rows that read like one of their prompts).
 """
 from __future__ import annotations
 
