@@ -36,7 +36,7 @@ DEFAULT_HEAD_DIR = MODELS_DIR / DEFAULT_HEAD_NAME
 WHOLE_MAX_TOKENS = 40  # a prompt up to this many word pieces is also embedded whole
 SEGMENT_WORDS = 12  # words per segment; longer clauses are cut into overlapping windows
 SEGMENT_STRIDE = 8
-MAX_SEGMENTS = 4  # segments embedded per prompt besides the whole
+MAX_SEGMENTS = 3  # segments embedded per prompt besides the whole (v1: 4)
 MAX_CANDIDATES = 400  # clauses ranked per prompt (a 2,000-character prompt has ~100)
 
 _CLAUSE_RE = re.compile(r"[.;!?\n|]+|,|\s[-–—]+\s|\s+(?:and then|while|but)\s+")

@@ -1,8 +1,8 @@
 """Evasions of the prompt gate (issue 23): one test per kind, with prompts written for these tests.
 
-None of these prompts is in the head's training corpus (training/prompt_corpus.py) or in the
-held-out benchmark set (training/prompt_gate/heldout.jsonl); ``test_these_prompts_are_not_in_the_
-corpus_or_the_heldout_set`` checks it. Tests that need MiniLM and the head are marked ``semantic``.
+None of these prompts is in the head's training corpus (training/prompt_corpus.py), in the
+held-out benchmark set (training/prompt_gate/heldout.jsonl) or in the tune part (tune.jsonl);
+``test_these_prompts_are_not_in_the_corpus_or_the_heldout_set`` checks it. Tests that need MiniLM and the head are marked ``semantic``.
 """
 from __future__ import annotations
 
@@ -129,11 +129,12 @@ def _stopped(f: PromptFilter, prompt: str, category: str) -> None:
 def test_these_prompts_are_not_in_the_corpus_or_the_heldout_set():
     from training.prompt_corpus import build
 
-    mine = [p for p, *_ in EUPHEMISM + MASKING + HOMOGLYPH + SPACING + LANGUAGE + PARAPHRASE]
-    mine += PUNCTUATION_BENIGN + SPACING_BENIGN + LANGUAGE_BENIGN
+    mine = [p for p, *_ in EUPHEMISM + MASKING + HOMOGLYPH + SPACING + LANGUAGE + PARAPHRASE + CONTEXT_PERSON]
+    mine += PUNCTUATION_BENIGN + SPACING_BENIGN + LANGUAGE_BENIGN + CONTEXT_BENIGN + LOOKALIKE_BENIGN
     corpus = {normalize.canonicalize(r["text"]) for r in build()}
     held = {normalize.canonicalize(json.loads(line)["prompt"])
-            for line in (ROOT / "training" / "prompt_gate" / "heldout.jsonl").read_text().splitlines() if line}
+            for name in ("heldout.jsonl", "tune.jsonl")
+            for line in (ROOT / "training" / "prompt_gate" / name).read_text().splitlines() if line}
     assert not [p for p in mine if normalize.canonicalize(p) in corpus | held]
 
 
