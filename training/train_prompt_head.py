@@ -6,13 +6,18 @@ Steps: build the corpus (training/prompt_corpus.py), read every text the way the
 (``PromptFilter.readings``: normalised, masks resolved), embed it with MiniLM (cached under
 var/, so a rerun only embeds new texts), and fit per category
 
-* a logistic head on the sentence embedding: positives = the category's rows, negatives = benign
-  rows and the rows of unrelated categories (related ones, e.g. nudity and sexual_explicit, are
-  left out of each other's negatives: a prompt may be both);
-* Platt scaling of that head on the **tune** split, so its output is a probability the policy's
-  ``semantic_review`` / ``semantic_block`` thresholds apply to;
-* a logistic ranker on the bag of static word-piece embeddings (used to pick which clauses of a
-  long prompt get embedded).
+* the head on the sentence embedding (v2: one hidden layer of ``--hidden`` GELU units shared by the
+  categories, full-batch Adam; ``--hidden 0``: one logistic model per category, as v1): per
+  category, positives = the category's rows, negatives = benign rows (hard negatives weighted up)
+  and the rows of unrelated categories (related ones, e.g. nudity and sexual_explicit, count a
+  quarter: a prompt may be both);
+* Platt scaling of each category's output on the **tune** split, so it is a probability the
+  policy's ``semantic_review`` / ``semantic_block`` thresholds apply to;
+* the ranker on the bag of static word-piece embeddings (``--rank-hidden`` units), used to pick
+  which clauses of a prompt get embedded, and its gate (``rank_gate`` in config.json): the best
+  clause of all but ``--gate-miss`` of the tune split's disallowed rows scores above it.
+
+Deterministic (fixed seeds, full batch): a rerun writes the same files.
 
 Writes head.safetensors, config.json and metrics.json (tune-split recall and benign false
 positives at the policy's thresholds). The held-out prompts are only read to check that none of
