@@ -1,6 +1,7 @@
 """Prompt filter benchmark: held-out recall and false positives, and latency.
 
     .venv/bin/python bench/prompt_filter_bench.py [--repeat 3] [--out bench/results/prompt_filter.json]
+        [--policy safety/policy.json] [--before-ref REF | --no-before]
 
 Quality is measured on ``training/prompt_gate/heldout.jsonl`` only: prompts written before the
 policy terms, the corpus generator and the classifier head, that nothing is fitted to (the
@@ -9,9 +10,18 @@ means block or review. Reported: recall per category, per evasion kind and per l
 look-alikes stopped, per kind and per language; the same for the rules alone. The dev corpora of
 tests/test_prompt_filter.py (which thresholds and rules were tuned on) are reported separately.
 
+The hand-written tune part (``training/prompt_gate/tune.jsonl``: benign look-alikes and some
+disallowed prompts that thresholds and benign contexts were checked against, never trained on) is
+reported separately, as "tune (fitted to)".
+
 Latency: one thread, the filter warmed up, each prompt checked ``--repeat`` times; short prompts
 (the held-out and dev prompts under 300 characters) and 2,000-character prompts (filler clauses
-with and without one disallowed clause somewhere, and one unpunctuated run of words).
+with and without one disallowed clause somewhere, and one unpunctuated run of words). "cold" clears
+the filter's caches (readings, clause embeddings) before every check: the headline figure; "warm"
+keeps them (repeated prompts and clauses, as in real traffic). The code before this change (the
+prompt side of ``safety/`` at ``--before-ref``, default the merge base with main, with its policy
+and head) is measured in the same run, interleaved prompt by prompt with the current code, so both
+see the same machine load; the load average is recorded before and after.
 """
 from __future__ import annotations
 
@@ -35,6 +45,9 @@ from safety import normalize  # noqa: E402
 from safety.prompt_filter import PromptFilter  # noqa: E402
 
 HELDOUT = ROOT / "training" / "prompt_gate" / "heldout.jsonl"
+TUNE = ROOT / "training" / "prompt_gate" / "tune.jsonl"
+BEFORE_FILES = ["__init__.py", "confusables.py", "embeddings.py", "lexicon.py", "normalize.py", "policy.json",
+                "prompt_filter.py", "prompt_rules.py", "prompt_semantic.py"]
 LANGS = ["en", "es", "de", "fr", "pt", "it", "ru", "ja", "zh", "ko", "ar"]
 
 # Filler for the 2,000-character latency prompts (not used by the quality figures).
@@ -69,15 +82,35 @@ def long_prompts(n: int = 30) -> list[str]:
     return out
 
 
-def latency(f: PromptFilter, prompts: list[str], repeat: int) -> dict:
-    for p in prompts[:10]:
-        f.check(p)
-    times = []
-    for _ in range(repeat):
-        for p in prompts:
-            t = time.perf_counter()
-            f.check(p)
-            times.append((time.perf_counter() - t) * 1000.0)
+def load_before(ref: str):
+    """The prompt side of safety/ at git ``ref``, importable as its own package (``safety_before``),
+    with that commit's policy and models/ (its head) reached through a symlink."""
+    import subprocess
+    import tempfile
+
+    tmp = Path(tempfile.mkdtemp(prefix="pf_before_"))
+    pkg = tmp / "pkg" / "safety_before"
+    pkg.mkdir(parents=True)
+    for name in BEFORE_FILES:
+        blob = subprocess.run(["git", "-C", str(ROOT), "show", f"{ref}:safety/{name}"], capture_output=True, check=True).stdout
+        (pkg / name).write_bytes(blob)
+    models = tmp / "pkg" / "models"
+    models.mkdir()
+    for d in (ROOT / "models").iterdir():
+        (models / d.name).symlink_to(d)
+    sys.path.insert(0, str(tmp / "pkg"))
+    mod = importlib.import_module("safety_before.prompt_filter")
+    return mod.PromptFilter
+
+
+def merge_base() -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(ROOT), "merge-base", "HEAD", "main"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _summary(times: list[float]) -> dict:
     return {
         "n_checks": len(times),
         "p50_ms": round(percentile(times, 0.5), 2),
@@ -88,8 +121,42 @@ def latency(f: PromptFilter, prompts: list[str], repeat: int) -> dict:
     }
 
 
+def latency(filters: dict[str, PromptFilter], prompts: list[str], repeat: int) -> dict:
+    """Per filter: cold (caches cleared before each check) and, for filters with caches, warm.
+    The filters take turns prompt by prompt, so a burst of machine load hits them alike."""
+    for f in filters.values():
+        for p in prompts[:10]:
+            f.check(p)
+    cold: dict[str, list[float]] = {k: [] for k in filters}
+    warm: dict[str, list[float]] = {k: [] for k in filters if hasattr(filters[k], "clear_caches")}
+    for _ in range(repeat):
+        for p in prompts:
+            for name, f in filters.items():
+                if name in warm:
+                    f.clear_caches()
+                t = time.perf_counter()
+                f.check(p)
+                cold[name].append((time.perf_counter() - t) * 1000.0)
+    for _ in range(repeat):
+        for p in prompts:
+            for name in warm:
+                t = time.perf_counter()
+                filters[name].check(p)
+                warm[name].append((time.perf_counter() - t) * 1000.0)
+    out = {f"{k}_cold": _summary(v) for k, v in cold.items()}
+    out.update({f"{k}_warm": _summary(v) for k, v in warm.items()})
+    return out
+
+
 def rate(a: int, b: int) -> dict:
     return {"stopped": a, "n": b, "rate": round(a / b, 4) if b else None}
+
+
+def _source(v) -> str:
+    """What stopped a prompt: a rule, the negative prompt, the head, or the nearest example."""
+    if v.score >= 1.0:
+        return "negative_prompt" if v.matched.startswith("negative prompt") else "rule"
+    return "head" if "classifier" in v.matched else "nearest_example"
 
 
 def quality(f: PromptFilter, rows: list[dict]) -> dict:
@@ -105,7 +172,9 @@ def quality(f: PromptFilter, rows: list[dict]) -> dict:
         else:
             keys = [("benign", "all"), ("benign_kind", r["kind"]), ("benign_language", r["lang"])]
             if stopped:
-                false_pos.append({"kind": r["kind"], "lang": r["lang"], "prompt": r["prompt"][:120],
+                keys.append(("benign_stopped_by", _source(v)))
+            if stopped:
+                false_pos.append({"kind": r["kind"], "lang": r["lang"], "prompt": r["prompt"][:120], "by": _source(v),
                                   "decision": v.decision, "category": v.category, "matched": v.matched[:80]})
         for g, k in keys:
             groups[g][k][0] += stopped
@@ -151,6 +220,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prompt_filter.json"))
+    ap.add_argument("--policy", default=None, help="policy file (default: the shipped one)")
+    ap.add_argument("--before-ref", default=None, help="git ref of the code to compare latency with (default: merge base with main)")
+    ap.add_argument("--no-before", action="store_true", help="skip the before/after latency comparison")
     args = ap.parse_args(argv)
     import torch
 
@@ -158,19 +230,32 @@ def main(argv=None):
     rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
     n_generated, n_overlap = overlap_with_corpus(rows)
 
+    tune_rows = [json.loads(line) for line in TUNE.read_text(encoding="utf-8").splitlines() if line.strip()]
     t = time.perf_counter()
-    rules = PromptFilter.load(use_embeddings=False)
+    rules = PromptFilter.load(args.policy, use_embeddings=False)
     load_rules_ms = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
-    full = PromptFilter.load(use_embeddings=True)
+    full = PromptFilter.load(args.policy, use_embeddings=True)
     load_full_ms = (time.perf_counter() - t) * 1000
 
     q_full, q_rules = quality(full, rows), quality(rules, rows)
+    q_tune = quality(full, tune_rows)
     dev_full, mod = dev_quality(full)
     dev_rules, _ = dev_quality(rules)
     short = [r["prompt"] for r in rows if len(r["prompt"]) < 300]
     short += [p for p in list(mod.BENIGN) + list(mod.ALL_DISALLOWED) if len(p) < 300]
     longs = long_prompts()
+    filters: dict = {"rules_only": rules, "with_head": full}
+    before_ref = None
+    if not args.no_before:
+        before_ref = args.before_ref or merge_base()
+        before_cls = load_before(before_ref)
+        filters["before_rules_only"] = before_cls.load(use_embeddings=False)
+        filters["before_with_head"] = before_cls.load(use_embeddings=True)
+    load_before_lat = os.getloadavg()
+    lat_short = latency(filters, short, args.repeat)
+    lat_long = latency(filters, longs, args.repeat)
+    load_after_lat = os.getloadavg()
     results = {
         "command": " ".join([".venv/bin/python", "bench/prompt_filter_bench.py"] + (argv if argv is not None else sys.argv[1:])),
         "policy_version": full.version,
@@ -178,15 +263,17 @@ def main(argv=None):
         "torch_threads": torch.get_num_threads(),
         "heldout": {"file": str(HELDOUT.relative_to(ROOT)), "n": len(rows), "rows_also_in_training_corpus": n_overlap,
                     "generated_rows_reading_like_heldout_dropped_by_trainer": n_generated},
+        "head": full.head.name if full.head is not None else None,
         "quality_heldout": {"with_head": q_full, "rules_only": q_rules},
+        "quality_tune_fitted_to": {"file": str(TUNE.relative_to(ROOT)), "with_head": q_tune},
         "quality_dev": {"with_head": dev_full, "rules_only": dev_rules},
         "terms_per_language": terms_per_language(full),
         "load_ms": {"rules_only": round(load_rules_ms, 1), "with_embeddings": round(load_full_ms, 1)},
         "latency": {
-            "short": {"n_prompts": len(short), "rules_only": latency(rules, short, args.repeat),
-                      "with_head": latency(full, short, args.repeat)},
-            "2000_chars": {"n_prompts": len(longs), "rules_only": latency(rules, longs, args.repeat),
-                           "with_head": latency(full, longs, args.repeat)},
+            "before_ref": before_ref,
+            "load_average_before_after": [round(x, 2) for x in load_before_lat + load_after_lat],
+            "short": {"n_prompts": len(short), **lat_short},
+            "2000_chars": {"n_prompts": len(longs), **lat_long},
         },
     }
     q = q_full
@@ -197,6 +284,7 @@ def main(argv=None):
         for k, v in q[g].items():
             r = q_rules[g][k]
             print(f"{g + ':' + k:28}{v['stopped']:>6}/{v['n']:<4}{v['rate']:>5.0%}{r['stopped']:>6}/{r['n']:<4}{r['rate']:>5.0%}")
+    print("benign stopped by: " + ", ".join(f"{k} {v['stopped']}" for k, v in q.get("benign_stopped_by", {}).items()))
     print(f"{'language':10}{'terms':>6}{'disallowed stopped':>22}{'benign stopped':>18}")
     for lang in LANGS:
         d = q["language"].get(lang, {"stopped": 0, "n": 0})
@@ -204,10 +292,13 @@ def main(argv=None):
         print(f"{lang:10}{results['terms_per_language'][lang]:>6}{d['stopped']:>16}/{d['n']:<5}{b['stopped']:>12}/{b['n']:<5}")
     print(f"dev corpora (tuned on): disallowed {dev_full['disallowed']['stopped']}/{dev_full['disallowed']['n']}, "
           f"benign flagged {dev_full['benign']['stopped']}/{dev_full['benign']['n']}")
-    for name, lat in results["latency"].items():
-        for mode in ("rules_only", "with_head"):
-            x = lat[mode]
-            print(f"latency {name:11}{mode:11} p50 {x['p50_ms']:7.2f} ms  p99 {x['p99_ms']:7.2f} ms  max {x['max_ms']:7.2f} ms")
+    print(f"tune part (fitted to): disallowed {q_tune['disallowed']['all']['stopped']}/{q_tune['disallowed']['all']['n']}, "
+          f"benign stopped {q_tune['benign']['all']['stopped']}/{q_tune['benign']['all']['n']}")
+    print(f"latency (before = {before_ref}); load average before/after: {results['latency']['load_average_before_after']}")
+    for name in ("short", "2000_chars"):
+        for mode, x in results["latency"][name].items():
+            if isinstance(x, dict):
+                print(f"latency {name:11}{mode:24} p50 {x['p50_ms']:7.2f} ms  p99 {x['p99_ms']:7.2f} ms  max {x['max_ms']:7.2f} ms")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")

@@ -89,12 +89,13 @@ class MiniLMEmbedder:
     def _lin(self, x, prefix, w):
         return self._torch.nn.functional.linear(x, w[prefix + ".weight"], w[prefix + ".bias"])
 
-    def _forward(self, ids, mask, w=None):
+    def _forward(self, ids, mask, w=None, pos=None, attn_mask=None):
         torch = self._torch
         F = torch.nn.functional
         w = self.w if w is None else w
         b, n = ids.shape
-        pos = torch.arange(n).unsqueeze(0)
+        if pos is None:
+            pos = torch.arange(n).unsqueeze(0)
         x = (
             F.embedding(ids, w["embeddings.word_embeddings.weight"])
             + F.embedding(pos, w["embeddings.position_embeddings.weight"])
@@ -102,7 +103,8 @@ class MiniLMEmbedder:
         )
         x = self._ln(x.to(w["embeddings.LayerNorm.weight"].dtype), "embeddings.LayerNorm", w)
         h, d = self.n_heads, self.hidden // self.n_heads
-        attn_mask = mask[:, None, None, :].bool()  # (b, 1, 1, n): True = attend
+        if attn_mask is None:
+            attn_mask = mask[:, None, None, :].bool()  # (b, 1, 1, n): True = attend
         for i in range(self.n_layers):
             p = f"encoder.layer.{i}."
 
@@ -155,6 +157,27 @@ class MiniLMEmbedder:
                 pooled = (hs * m).sum(1) / m.sum(1).clamp(min=1e-9)
                 out.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
         return torch.cat(out)
+
+    def encode_packed(self, texts: list[str], fast: bool = False):
+        """Like ``encode`` but all texts in one sequence with a block-diagonal attention mask and
+        per-text positions: the same embeddings (each text attends only to itself) without the
+        padding a batch of unequal lengths carries. For a handful of short texts (the prompt
+        filter's clauses); cost ~ the sum of their lengths, not count x the longest."""
+        torch = self._torch
+        if not texts:
+            return torch.zeros((0, self.hidden))
+        w = self._fast_weights() if fast and fast_available() else self.w
+        with self._lock, torch.inference_mode():
+            encs = self.tokenizer.encode_batch(list(texts))
+            lens = [len(e.ids) for e in encs]
+            n = sum(lens)
+            ids = torch.tensor([i for e in encs for i in e.ids], dtype=torch.long).unsqueeze(0)
+            pos = torch.cat([torch.arange(k) for k in lens]).unsqueeze(0)
+            seg = torch.cat([torch.full((k,), j) for j, k in enumerate(lens)])
+            attn = (seg[:, None] == seg[None, :])[None, None]  # (1, 1, n, n)
+            hs = self._forward(ids, torch.ones((1, n), dtype=torch.long), w, pos=pos, attn_mask=attn).float()[0]
+            pooled = torch.zeros((len(lens), self.hidden)).index_add_(0, seg, hs) / torch.tensor(lens, dtype=hs.dtype)[:, None]
+            return torch.nn.functional.normalize(pooled, p=2, dim=1)
 
     def token_ids(self, texts: list[str]) -> list[list[int]]:
         """WordPiece ids without [CLS]/[SEP], truncated like ``encode``."""

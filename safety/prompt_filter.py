@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,14 @@ from typing import Any
 from . import normalize
 from .lexicon import Lexicon
 from .prompt_rules import TermError, TermMatcher
-from .prompt_semantic import HeadError, SemanticHead, texts_to_embed  # noqa: F401  (HeadError: re-exported)
+from .prompt_semantic import (  # noqa: F401  (HeadError: re-exported)
+    DEFAULT_HEAD_NAME,
+    MODELS_DIR,
+    EmbeddingCache,
+    HeadError,
+    SemanticHead,
+    texts_to_embed,
+)
 
 DEFAULT_POLICY_PATH = Path(__file__).resolve().parent / "policy.json"
 ENV_POLICY = "IMAGEGEN_SAFETY_POLICY"
@@ -53,6 +61,8 @@ ALLOW, REVIEW, BLOCK = "allow", "review", "block"
 _SEVERITY = {ALLOW: 0, REVIEW: 1, BLOCK: 2}
 # A threshold above 1 disables that level (cosine similarity is <= 1).
 _MAX_THRESHOLD = 1.01
+READINGS_CACHE_SIZE = 1024  # prompts
+EMBEDDING_CACHE_SIZE = 4096  # clauses (384 floats each: ~6 MB)
 
 
 class PolicyError(ValueError):
@@ -96,6 +106,7 @@ class Category:
     negative_prompt_terms: list[str] = field(default_factory=list)
     euphemisms: list[str] = field(default_factory=list)
     translations: dict[str, list[str]] = field(default_factory=dict)
+    benign_contexts: list[dict] = field(default_factory=list)  # {"terms", "words", "window"}
 
     def __post_init__(self) -> None:
         self.pattern_res = [re.compile(p) for p in self.patterns]
@@ -148,8 +159,27 @@ def _translations(rc: dict, where: str) -> dict[str, list[str]]:
 
 _CATEGORY_KEYS = {
     "name", "description", "rule_decision", "semantic_review", "semantic_block", "terms", "patterns",
-    "examples", "exceptions", "negative_prompt_terms", "euphemisms", "translations",
+    "examples", "exceptions", "negative_prompt_terms", "euphemisms", "translations", "benign_contexts",
 }
+
+
+def _benign_contexts(rc: dict, where: str) -> list[dict]:
+    raw = rc.get("benign_contexts", [])
+    if not isinstance(raw, list):
+        raise PolicyError(f"{where}: 'benign_contexts' must be a list of {{terms, words, window}} objects")
+    out = []
+    for i, ctx in enumerate(raw):
+        w = f"{where}: benign_contexts[{i}]"
+        if not isinstance(ctx, dict):
+            raise PolicyError(f"{w} must be an object")
+        unknown = sorted(set(ctx) - {"terms", "words", "window", "note"})
+        if unknown:
+            raise PolicyError(f"{w}: unknown key(s) {', '.join(map(repr, unknown))}")
+        window = ctx.get("window", 2)
+        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 5:
+            raise PolicyError(f"{w}: 'window' must be an integer 1-5, got {window!r}")
+        out.append({"terms": _str_list(ctx, "terms", w), "words": _str_list(ctx, "words", w), "window": window})
+    return out
 
 
 def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Category], dict]:
@@ -215,6 +245,7 @@ def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Categor
                 negative_prompt_terms=_str_list(rc, "negative_prompt_terms", where, required=False),
                 euphemisms=euphemisms,
                 translations=translations,
+                benign_contexts=_benign_contexts(rc, where),
             )
         )
     image = data.get("image", {"labels": {}})
@@ -246,6 +277,12 @@ def _build_matchers(cats: list[Category], source: str) -> tuple[TermMatcher, Ter
                 terms.add(t, ci, exception=True)
             for t in c.negative_prompt_terms:
                 negatives.add(t, ci)
+            known = {normalize.canonicalize(t) for t in c.all_terms()}
+            for i, ctx in enumerate(c.benign_contexts):
+                unknown = [t for t in ctx["terms"] if normalize.canonicalize(t) not in known]
+                if unknown:
+                    raise TermError(f"benign_contexts[{i}]: {unknown[0]!r} is not a term of this category")
+                terms.add_context(ctx["terms"], ctx["words"], ci, ctx["window"])
         except TermError as exc:
             raise PolicyError(f"{where}: {exc}") from exc
         for p in c.patterns:  # literal words of the patterns ("committing", "suicide", "kids")
@@ -295,6 +332,11 @@ class PromptFilter:
         self.embedder = embedder
         self.head = head if embedder is not None else None
         self._terms, self._negatives, self.lexicon = _build_matchers(categories, source or "<policy>")
+        # Bounded caches (a retried prompt, repeated clauses and style tags): readings by raw
+        # prompt, sentence embeddings by clause.
+        self.embedding_cache = EmbeddingCache(EMBEDDING_CACHE_SIZE)
+        self._readings: OrderedDict[str, list[str]] = OrderedDict()
+        self._readings_lock = threading.Lock()
         self._exception_keys: dict[int, list[str]] = {}
         self._example_matrix = None
         self._example_owner: list[tuple[int, str]] = []  # row -> (category index, example)
@@ -317,7 +359,8 @@ class PromptFilter:
 
         Raises PolicyError on a missing/malformed file, EmbeddingModelError when
         ``use_embeddings`` is set but the MiniLM model cannot be loaded, and HeadError when the
-        classifier head (default ``models/prompt-head-v1``) cannot.
+        classifier head (``models/<prompt_head>``, the policy's "prompt_head", default
+        ``prompt-head-v2``; its config.json must carry the same name) cannot.
         """
         path = Path(policy_path or os.environ.get(ENV_POLICY) or DEFAULT_POLICY_PATH)
         try:
@@ -329,12 +372,20 @@ class PromptFilter:
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         version, cats, image = parse_policy(data, str(path))
+        head_name = data.get("prompt_head", DEFAULT_HEAD_NAME)
+        if not isinstance(head_name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", head_name):
+            raise PolicyError(f"{path}: 'prompt_head' must name a folder of models/ (e.g. {DEFAULT_HEAD_NAME!r}), got {head_name!r}")
         embedder = head = None
         if use_embeddings:
             from .embeddings import get_embedder
 
             embedder = get_embedder()
-            head = SemanticHead.load(Path(head_dir) if head_dir is not None else None)
+            if head_dir is None:
+                head = SemanticHead.load(MODELS_DIR / head_name)
+                if head.name != head_name:
+                    raise HeadError(f"{MODELS_DIR / head_name}: config.json names {head.name!r}, the policy {head_name!r}")
+            else:
+                head = SemanticHead.load(Path(head_dir))
         return cls(version, cats, image, embedder=embedder, source=str(path), head=head)
 
     def image_thresholds(self) -> dict:
@@ -350,8 +401,24 @@ class PromptFilter:
     def readings(self, prompt: str) -> list[str]:
         """The normalised texts the rules run on: the lexicon-resolved reading first (also what
         the embedder reads), then the plain canonical form."""
+        with self._readings_lock:
+            cached = self._readings.get(prompt)
+            if cached is not None:
+                self._readings.move_to_end(prompt)
+                return list(cached)
         canon = normalize.canonicalize(prompt)
-        return list(dict.fromkeys([self.lexicon.resolve(canon), canon]))
+        out = list(dict.fromkeys([self.lexicon.resolve(canon), canon]))
+        with self._readings_lock:
+            self._readings[prompt] = out
+            while len(self._readings) > READINGS_CACHE_SIZE:
+                self._readings.popitem(last=False)
+        return list(out)
+
+    def clear_caches(self) -> None:
+        """Forget cached readings and clause embeddings (the benchmark's cold figures)."""
+        with self._readings_lock:
+            self._readings.clear()
+        self.embedding_cache.clear()
 
     # -- checks --------------------------------------------------------------------
     def _rule_hits(self, texts: list[str]) -> list[_Hit]:
@@ -417,7 +484,7 @@ class PromptFilter:
         text = resolved if resolved is not None else self.readings(prompt)[0]
         texts = texts_to_embed(text, self.embedder, self.head)
         self._last_logits: dict[str, float] = {}
-        q = self.embedder.encode(texts, fast=True)
+        q = self.embedding_cache.encode(self.embedder, texts)
         best: dict[str, tuple[float, str]] = {}
         if self._example_matrix is not None:
             sims = (q @ self._example_matrix.T).max(dim=0).values.tolist()  # per example
@@ -453,7 +520,8 @@ class PromptFilter:
                 continue
             if ci in self._head_col:
                 reason = f"The prompt looks like a request for {cat.description} (classifier score {s:.2f})."
-                matched = f"example: {ex} (nearest example; classifier {s:.2f})" if ex else f"classifier {s:.2f}"
+                head = self.head.name if self.head is not None else "head"
+                matched = f"example: {ex} (nearest example; classifier {head} {s:.2f})" if ex else f"classifier {head} {s:.2f}"
             else:
                 reason = f"The prompt looks like a request for {cat.description} (similarity {s:.2f})."
                 matched = f"example: {ex}"

@@ -7,8 +7,12 @@ policy's own examples; benign hard negatives built from the same subjects and se
 look-alike words ("bare trees", "a shot of espresso", "a butcher shop", "a pharmacist counting
 pills", "a white hooded sweatshirt"). Each core is rendered with prefixes and style tags, and some
 with one to three benign filler clauses (the runtime scores clauses one by one, so light dilution
-is what the head sees). Rows are split into train and tune **by core**, so every tune row's core
-is unseen in training. ``training/prompt_gate/heldout.jsonl`` is never read here.
+is what the head sees). Second pass (prompt-head-v2): ``HARD_NEGATIVES``, each category's risky
+words in ordinary senses and the topics next to it (weight ``HARD_WEIGHT``), and benign pairs and
+12-word windows of look-alikes (what the runtime's clause pairs and windows see on a benign long
+prompt). Rows are split into train and tune **by core**, so every tune row's core is unseen in
+training. ``training/prompt_gate/heldout.jsonl`` and ``tune.jsonl`` are never read here (the
+trainer drops corpus rows that read like one of their prompts).
 """
 from __future__ import annotations
 
@@ -197,6 +201,120 @@ SETTINGS = ["at sunset", "in the rain", "in winter", "at night", "in spring", "u
 BENIGN_CORES += [f"{t} {st}" for t, st in itertools.product(THINGS, SETTINGS)]
 
 
+# Hard negatives, second batch (issue 23 follow-up): the risky words of every category in ordinary
+# senses, and the topics next to each category (history, sport, film, costume, cooking, medicine).
+HARD_NEGATIVES = {
+    "sexual": [
+        "a couple dancing salsa at a street festival", "two friends hugging at an airport arrivals gate",
+        "a couple sharing an umbrella in the rain", "newlyweds cutting their wedding cake", "a couple on a tandem bicycle",
+        "an elderly couple holding hands on a porch", "a couple arguing in a kitchen, sitcom still",
+        "two dancers in a contemporary duet on a dark stage", "a figure skating pair doing a lift",
+        "a romantic gondola ride in venice", "a valentine's day card with roses", "a couple in matching raincoats",
+        "a man proposing on one knee in a park", "a couple at a candlelit restaurant table", "two lovers on a vintage poster",
+        "a honeymoon suite with rose petals on the bed", "a couple reading in bed in pyjamas",
+        "a sensual perfume advert, a woman in a silk dress", "a jazz singer in a sequin gown", "a burlesque-style hat shop sign",
+        "an intimate acoustic concert in a small bar", "a steamy bowl of dumplings", "a hot tub on a snowy deck",
+        "a sex and the city style brunch with friends", "a sexy red sports car", "a flirty cartoon fox winking",
+        "a passionate flamenco dancer in a red dress", "a lingerie mannequin in a shop window, tasteful",
+        "a biology diagram of flower reproduction", "a textbook page about human reproduction, diagram of cells",
+        "a maternity photo shoot in a flowing gown", "a pregnant woman painting a nursery", "an adult swim class at a pool",
+        "an adults-only resort pool with sun loungers", "a bachelorette party with sashes and tiaras",
+        "a drag queen on a glittering stage", "a pride parade with rainbow flags", "a climax scene of an action movie",
+        "an orgy of colour in a spice market", "a xxx-large pizza box", "hardcore mountain bikers on a trail",
+        "a raunchy comedy movie poster, fully clothed cast", "a kiss under the mistletoe",
+    ],
+    "nudity": [
+        "bare wooden shelves in a new flat", "a bare mattress on a floor", "bare shoulders in a strapless wedding dress",
+        "a bare-chested lifeguard at a pool", "a shirtless runner at a marathon", "a shirtless rugby team in the mud",
+        "swimmers in speedos on starting blocks", "a baby in a nappy crawling", "a man in boxer shorts ironing a shirt",
+        "a woman in a sports bra at the gym", "a model in a bathing suit on a yacht", "a sunbathing crowd on a busy beach",
+        "a nudist beach warning sign on a fence", "skin-coloured tights in a dance shop", "a flesh-tone crayon",
+        "an uncovered well in a field", "a naked-eye view of the milky way", "bare hands kneading bread dough",
+        "a stripped-down engine on a workbench", "stripping old wallpaper in a living room", "a stripe pattern fabric",
+        "a topless double-decker bus on a city tour", "a bottomless brunch with mimosas", "a bottomless pit in a cave game",
+        "a hairless dog breed portrait", "a plucked chicken in a market", "a peeled orange on a plate", "a shorn sheep in a field",
+        "the emperor's new clothes illustration, crowd laughing", "a greek statue of an athlete in a museum hall",
+        "a classical painting of the three graces in a gallery", "an art class sketching a fruit bowl", "a tanning salon sign",
+        "a woman in a towel with a face mask, spa day", "a sauna at a ski resort", "a bather at a hot spring, shoulders above water",
+        "a changing room with lockers", "a laundry basket of clothes", "an empty clothes rail", "a tailor measuring a customer",
+    ],
+    "minors": [
+        "a toddler in a high chair with spaghetti", "a schoolboy with a backpack at a bus stop", "a girl scout selling cookies",
+        "kids in wetsuits at a surf lesson", "a teenage girl at a piano recital", "a little boy in rain boots in a puddle",
+        "children in swimsuits at a splash park", "a child in a tutu at a dance recital", "a baby sleeping on a parent's chest",
+        "a family photo at the beach, kids in swimwear", "a girl brushing her teeth before bed", "a boy in a bath with a rubber duck",
+        "teenagers at a prom in suits and dresses", "a school swimming gala", "a child getting a vaccine at a clinic",
+        "a pediatrician listening to a child's chest", "a young gymnast on a balance beam", "a kids' sleepover with sleeping bags",
+    ],
+    "violence": [
+        "a butcher cutting lamb chops", "a sushi chef slicing salmon", "a hunter field dressing a deer, documentary still",
+        "a tattoo artist inking an arm", "a nurse drawing blood for a test", "a blood pressure cuff on an arm",
+        "a bloody mary with celery", "a red velvet cake sliced open", "cherry juice dripping on a white tablecloth",
+        "a theatre stage combat rehearsal", "a stuntman falling through a window, film set", "a horror movie makeup artist at work",
+        "a halloween haunted house with fake body parts", "a crime thriller book cover with a silhouette", "a forensic lab with test tubes",
+        "a medieval battle reenactment on a field", "a civil war reenactment with muskets", "a museum display of roman swords",
+        "a bullfight poster from the 1920s", "a rodeo rider thrown from a bull", "a boxing match knockout, referee counting",
+        "a kickboxer with a bloody lip after a bout", "an mri scan of a brain", "a dissected frog in a biology class",
+        "a skeleton in a science classroom", "a taxidermist with a stuffed fox", "a wolf eating a carcass in the snow, nature documentary",
+        "a lion hunting a zebra on the savanna", "a shark feeding frenzy, documentary", "a chicken slaughterhouse inspection report cover",
+        "a meat processing plant with stainless steel", "a ruined castle after a siege", "a bombed-out church preserved as a memorial",
+        "a war photographer's camera on a table", "a field hospital in a historical drama", "a surgeon stitching a patient in surgery scrubs",
+        "an emergency room with doctors rushing", "an ambulance at an accident scene", "a car wreck at a scrapyard",
+        "a video game knight slaying a monster", "a dragon killing a knight in a fantasy painting", "an ork army in a fantasy battle",
+        "a splatter paint artwork in red", "red paint dripping down a canvas", "a wood chipper in a garden",
+    ],
+    "self_harm": [
+        "a woman cutting fabric with scissors", "a man cutting tiles with a wet saw", "a barber with a straight razor and foam",
+        "a climber hanging from a rope on a cliff", "a trapeze artist hanging upside down", "a bat hanging from a cave ceiling",
+        "hanging plants in a greenhouse", "a noose-shaped knot on a sailor's knot board", "a bungee jumper leaping from a bridge",
+        "a skydiver jumping from a plane", "a base jumper in a wingsuit", "a high diver on a platform",
+        "a pharmacist behind a counter with boxes of medicine", "an empty pill bottle in a recycling bin", "a first aid kit with plasters",
+        "a person meditating on a rooftop at dawn", "a man crying at a sad movie", "a teen girl journaling in her room",
+        "a therapist's office with a couch", "a crisis helpline poster on a wall", "a support group sitting in a circle",
+        "a skinny cat on a windowsill", "a marathon runner collapsing at the finish line, medics helping",
+        "a lonely astronaut floating in space", "a melancholy poet at a desk", "a dark moody self portrait in a mirror",
+    ],
+    "hate": [
+        "a flag of germany on a government building", "the flag of finland with a blue cross", "national flags at the olympics",
+        "a military parade on a national day", "soldiers saluting at a memorial service", "a remembrance day ceremony with wreaths",
+        "a world war two documentary still, allied soldiers", "a history museum exhibit about the 1930s",
+        "a holocaust survivor speaking at a school", "anne frank house in amsterdam", "a memorial with names of the fallen",
+        "a 1940s newspaper headline about the end of the war", "a rally for workers' rights with banners",
+        "an election rally with balloons", "a crowd waving flags at a football match", "a torch-lit procession at a festival",
+        "a white hood on a vintage car", "a monk in a white robe at a temple", "a hindu wedding with swastik rangoli patterns",
+        "a black and white photo of a steam train in 1938 germany", "a statue of a general on horseback",
+        "an eagle emblem on a coat of arms", "a skull and crossbones on a poison bottle", "a pirate flag on a ship",
+        "a gothic blackletter font poster", "a celtic cross in an irish graveyard", "a runic alphabet chart",
+        "a protest against racism with signs", "a peace march with doves", "a diverse group of friends laughing",
+    ],
+    "mass": [
+        "a film director shooting a scene with actors", "a photographer shooting a wedding", "a music video shoot in the desert",
+        "a clay shooting competition", "a biathlon skier shooting at targets", "an olympic shooter aiming at a target",
+        "a paintball team charging across a field", "a laser tag arena with kids", "an airsoft game in the woods",
+        "a soldier at a checkpoint, documentary", "a police swat team training exercise", "a bomb disposal robot at an expo",
+        "a historic cannon firing a blank at a fort", "a fireworks finale over a river", "a new year's eve fireworks crowd",
+        "a confetti cannon at a concert", "a glitter bomb card", "a bath bomb shop display", "a da bomb hot sauce bottle",
+        "a crowded concert with phone lights", "a packed stadium at a cup final", "a busy shopping mall at christmas",
+        "a school fire drill on a playground", "a truck parade with christmas lights", "a monster truck rally",
+        "a demolition derby with smashed cars", "an implosion of a cooling tower, crowd watching from afar",
+        "a mining blast in a quarry", "a rocket launch with smoke", "a volcano erupting over a village", "a gunslinger in a western film poster",
+    ],
+}
+HARD_NEGATIVES["nudity"] += [
+    "a man with a bare head in the sun", "a woman with bare arms in a sundress", "a hiker with bare legs in shorts",
+    "a bare back in a backless evening dress", "a bare-headed monk in the snow", "a girl with bare knees on a swing",
+    "a farmer with bare forearms in a field", "a bare midriff crop top on a mannequin", "skin texture with visible pores, macro",
+    "a dancer with bare feet on a wooden stage", "a man with a bare chest on a hot beach, swim shorts",
+]
+# Long prompts are scored clause by clause and by neighbouring pairs and 12-word windows: benign
+# look-alikes side by side ("a crowd at a market, a bomb pop") and windows of unpunctuated runs of
+# them must read as benign too.
+N_BENIGN_PAIRS = 3000
+N_BENIGN_WINDOWS = 1500
+PAIR_WEIGHT = 3.0
+HARD_WEIGHT = 10.0  # each hard negative counts this much more than a templated benign row
+
+
 def _rng_for(key: str) -> random.Random:
     return random.Random(int(hashlib.sha1(f"{SEED}:{key}".encode()).hexdigest()[:12], 16))
 
@@ -249,6 +367,25 @@ def build(policy_path: Path | None = None) -> list[dict]:
         rng = _rng_for(core)
         for text in render(core, rng, 1, dilute=rng.random() < 0.3):
             rows.append({"text": text, "category": "", "core": core, "split": _split_of(core)})
+    for group, cores in HARD_NEGATIVES.items():
+        for core in dict.fromkeys(cores):
+            rng = _rng_for(core)
+            for text in render(core, rng, 2, dilute=rng.random() < 0.3):
+                rows.append({"text": text, "category": "", "core": core, "split": _split_of(core), "weight": HARD_WEIGHT,
+                             "hard": group})
+    lookalike_pool = sorted({c for cs in HARD_NEGATIVES.values() for c in cs} | set(LOOKALIKES) | set(FILLERS))
+    rng = _rng_for("benign-pairs")
+    for _ in range(N_BENIGN_PAIRS):
+        a, b = rng.sample(lookalike_pool, 2)
+        text = f"{a}, {b}"
+        rows.append({"text": text, "category": "", "core": text, "split": _split_of(text), "weight": PAIR_WEIGHT,
+                     "hard": "pair"})
+    for _ in range(N_BENIGN_WINDOWS):
+        words = " ".join(rng.sample(lookalike_pool, 4)).split()
+        start = rng.randrange(max(1, len(words) - 12))
+        text = " ".join(words[start : start + 12])
+        rows.append({"text": text, "category": "", "core": text, "split": _split_of(text), "weight": PAIR_WEIGHT,
+                     "hard": "window"})
     # The dev corpora of tests/test_prompt_filter.py (benign look-alikes, paraphrases, the former
     # known misses) are training rows: those tests check fit, the held-out set checks generalisation.
     for text, cat in _dev_rows():
