@@ -124,7 +124,8 @@ def test_distill_runs_and_resumes_exactly(tmp_path):
         d = tmp_path / name
         distill.main(["--teacher", str(TEACHER), "--run", str(d / "run"), "--out", str(d / "out"),
                       "--steps", str(steps), "--batch", "4", "--shard-size", "4", "--initial-shards", "1",
-                      "--shard-every", "2", "--trajectories", "8", "--val-size", "2", "--ckpt-minutes", "100"])
+                      "--shard-every", "2", "--trajectories", "8", "--val-size", "2", "--judge-size", "4",
+                      "--ckpt-minutes", "100"])
         return d
 
     straight = run("straight", 4)
