@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDENT = ROOT / "models" / "shapes-v1-lcm"
 TEACHER = ROOT / "models" / "shapes-v1"
 N_CAPTIONS = 24
+IGNORED = ("time_cond_proj_dim", "_diffusers_version", "_name_or_path")
 
 needs_student = pytest.mark.skipif(not (STUDENT / "model_index.json").exists(),
                                 reason=f"distilled student missing: {STUDENT} (python -m training.distill)")
@@ -62,8 +63,8 @@ def test_layout_scheduler_and_info():
     unet = json.loads((STUDENT / "unet" / "config.json").read_text())
     teacher_unet = json.loads((TEACHER / "unet" / "config.json").read_text())
     assert unet["time_cond_proj_dim"] == 256          # guidance is an input, not a second pass
-    assert {k: v for k, v in unet.items() if k not in ("time_cond_proj_dim", "_diffusers_version")} == \
-        {k: v for k, v in teacher_unet.items() if k not in ("time_cond_proj_dim", "_diffusers_version")}
+    assert {k: v for k, v in unet.items() if k not in IGNORED} == \
+        {k: v for k, v in teacher_unet.items() if k not in IGNORED}
     # the VAE is the teacher's, so the teacher's preview map is the student's
     assert (STUDENT / "preview_decoder.json").read_text() == (TEACHER / "preview_decoder.json").read_text()
     sv = AutoencoderKL.from_pretrained(STUDENT, subfolder="vae", local_files_only=True).state_dict()
