@@ -319,7 +319,8 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     run = Path(args.run)
     run.mkdir(parents=True, exist_ok=True)
-    command = "python -m training.distill " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m training.distill " + " ".join(a for a in (argv if argv is not None else sys.argv[1:])
+                                                       if a != "--export-only")
     teacher = load_teacher(args.teacher)
     lcm = make_lcm_scheduler()
     lcm.set_timesteps(ORIGINAL_STEPS)
@@ -366,9 +367,29 @@ def main(argv=None):
     def shards_for(s):
         return min(n_target, args.initial_shards + s // args.shard_every)
 
+    def better(rec, old) -> bool:
+        """Higher accuracy score wins; within one judged caption's worth (the score moves by
+        0.5 / judge_size for one caption's kind) it is noise, and the lower paired 1-step MSE wins."""
+        if old is None or "val4_score" not in old:
+            return True
+        tol = 0.5 / args.judge_size + 1e-9
+        if abs(rec["val4_score"] - old["val4_score"]) <= tol:
+            return rec["val_mse_1step"] < old["val_mse_1step"]
+        return rec["val4_score"] > old["val4_score"]
+
     if args.export_only:
         if best is None or not best_path.exists():
             sys.exit(f"no checkpoint in {run} yet")
+        recs = [json.loads(line) for line in log_path.read_text().splitlines()]
+        last = recs[-1] if recs else None
+        if last is not None and last["step"] == step and last["step"] != best["step"] and better(last, best):
+            # the latest state beats the kept one under the current rule (a rule changed after a run)
+            best = last
+            atomic_save(ema.state_dict(), best_path)
+            st = torch.load(state_path, weights_only=False)
+            st["best"] = best
+            atomic_save(st, state_path)
+            log(f"latest checkpoint (step {step}) replaces the kept one")
         export(args.teacher, teacher, torch.load(best_path, weights_only=False), Path(args.out), info(best))
         return
 
@@ -378,7 +399,7 @@ def main(argv=None):
         t_mark = time.time()
         rec = {"step": step, "wall_s": round(wall_before, 1), "loss_avg": round(loss_avg or 0.0, 5),
                "trajectories": len(data), **validate(ema)}
-        if best is None or "val4_score" not in best or rec["val4_score"] >= best["val4_score"]:
+        if better(rec, best):
             best = rec
             atomic_save(ema.state_dict(), best_path)
         atomic_save({"student": student.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
