@@ -12,6 +12,16 @@ Judging by pixel statistics, with the named palette of training/shapes_data.py:
     trained only on the generator's own ground truth (plus VAE round trips), not on generations.
 Bars (issue 8): shape colour AND background colour correct in >= 85% of images; kind >= 70%.
 Writes bench/results/model_eval.json and bench/results/contact_sheet.png (first 16 samples).
+
+Teacher against distilled student (issue 22), one run, one table, the same captions and seeds:
+
+    python bench/model_eval.py --compare --threads 2
+
+generates the teacher (models/shapes-v1) at 20/10/4 steps and the student (models/shapes-v1-lcm)
+at 1/2/4/8 steps, judges colours as above and kinds with both shipped classifiers (v1, the bar's,
+and v2, the served gate's), times each setting (seconds per image, batches of --batch, --threads),
+and writes bench/results/model_eval_student.json. Goal: the student at 4 steps within 5 points of
+the teacher at 20 on every accuracy figure.
 """
 from __future__ import annotations
 
@@ -87,6 +97,83 @@ def contact_sheet(images, captions, judged, path: Path, scale=3, cols=4):
     sheet.save(path)
 
 
+def generate(pipe, items, steps: int, guidance: float, batch: int) -> tuple[list[Image.Image], float]:
+    """Images for ``items`` (caption, gt) with per-caption seeds EVAL_SEED + index; wall seconds."""
+    images: list[Image.Image] = []
+    t0 = time.time()
+    for s in range(0, len(items), batch):
+        chunk = items[s:s + batch]
+        gens = [torch.Generator().manual_seed(EVAL_SEED + s + i) for i in range(len(chunk))]
+        out = pipe(prompt=[c for c, _ in chunk], num_inference_steps=steps, guidance_scale=guidance,
+                   height=64, width=64, generator=gens)
+        images.extend(out.images)
+    return images, time.time() - t0
+
+
+def figures(items, images, classifiers: dict) -> dict:
+    """Colour, background and (per classifier) kind accuracy of ``images`` against ``items``."""
+    judged = [judge_colours(np.asarray(im.convert("RGB"))) for im in images]
+    res = {
+        "shape_colour_accuracy": float(np.mean([fg == gt.shapes[0].colour for (_, gt), (fg, _) in
+                                                zip(items, judged, strict=True)])),
+        "background_colour_accuracy": float(np.mean([bg == gt.background for (_, gt), (_, bg) in
+                                                     zip(items, judged, strict=True)])),
+    }
+    for name, clf in classifiers.items():
+        kinds = [max(sc, key=sc.get) for sc in clf.scores(images)]
+        res[f"shape_kind_accuracy_{name}"] = float(np.mean([k == gt.shapes[0].kind for (_, gt), k in
+                                                            zip(items, kinds, strict=True)]))
+    return {k: round(v, 4) for k, v in res.items()}
+
+
+def compare(args, argv) -> dict:
+    from diffusers import AutoPipelineForText2Image
+
+    from safety.shapes_classifier import ShapesClassifier
+
+    classifiers = {"v1": ShapesClassifier.from_pretrained(ROOT / "models" / "shapes-classifier-v1"),
+                   "v2": ShapesClassifier.from_pretrained(ROOT / "models" / "shapes-classifier-v2")}
+    items = eval_captions(args.n)
+    rows = []
+    for role, path, steps_list in (("teacher", args.model, args.teacher_steps),
+                                   ("student", args.student, args.student_steps)):
+        pipe = AutoPipelineForText2Image.from_pretrained(path, local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        generate(pipe, items[:2], 2, args.guidance, args.batch)          # warm-up, not timed
+        for steps in steps_list:
+            images, wall = generate(pipe, items, steps, args.guidance, args.batch)
+            row = {"model": role, "path": path, "scheduler": type(pipe.scheduler).__name__, "steps": steps,
+                   **figures(items, images, classifiers), "s_per_image": round(wall / len(items), 4)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    ref = next(r for r in rows if r["model"] == "teacher" and r["steps"] == 20) if 20 in args.teacher_steps else None
+    goal = None
+    if ref is not None and 4 in args.student_steps:
+        s4 = next(r for r in rows if r["model"] == "student" and r["steps"] == 4)
+        keys = [k for k in s4 if k.endswith("_accuracy") or "_accuracy_" in k]
+        gaps = {k: round(100 * (s4[k] - ref[k]), 1) for k in keys}
+        goal = {"rule": "student@4 within 5 points of teacher@20 on every accuracy figure",
+                "student4_minus_teacher20_points": gaps, "met": all(g >= -5.0 for g in gaps.values()),
+                "speedup_s_per_image": round(ref["s_per_image"] / s4["s_per_image"], 2)}
+    return {"command": "python bench/model_eval.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "n_captions": len(items), "captions": f"single-shape, held-out generator seed {EVAL_SEED} (training seed 1234)",
+            "seeds": "per caption EVAL_SEED + index, the same for every row", "guidance_scale": args.guidance,
+            "size": "64x64", "batch": args.batch, "threads": args.threads,
+            "kind_classifiers": {"v1": "models/shapes-classifier-v1 (the eval bar's)",
+                                 "v2": "models/shapes-classifier-v2 (the served image gate's)"},
+            "rows": rows, "goal": goal}
+
+
+def print_table(res: dict) -> None:
+    cols = [k for k in res["rows"][0] if k.endswith("accuracy") or "_accuracy_" in k]
+    head = ["model", "steps"] + [c.replace("_accuracy", "") for c in cols] + ["s/image"]
+    print(" | ".join(head))
+    for r in res["rows"]:
+        print(" | ".join([r["model"], str(r["steps"])] + [f"{100 * r[c]:.1f}%" for c in cols] + [f"{r['s_per_image']:.3f}"]))
+    if res["goal"]:
+        print(json.dumps(res["goal"]))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="models/shapes-v1")
@@ -97,8 +184,19 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=50)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--compare", action="store_true", help="teacher vs distilled student table (issue 22)")
+    p.add_argument("--student", default="models/shapes-v1-lcm")
+    p.add_argument("--teacher-steps", type=int, nargs="+", default=[20, 10, 4])
+    p.add_argument("--student-steps", type=int, nargs="+", default=[1, 2, 4, 8])
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.compare:
+        res = compare(args, argv)
+        outdir = Path(args.out)
+        outdir.mkdir(parents=True, exist_ok=True)
+        (outdir / "model_eval_student.json").write_text(json.dumps(res, indent=1))
+        print_table(res)
+        return
 
     from diffusers import AutoPipelineForText2Image
 
@@ -108,15 +206,7 @@ def main(argv=None):
     pipe.set_progress_bar_config(disable=True)
     clf = ShapesClassifier.from_pretrained(args.classifier)
     items = eval_captions(args.n)
-    images: list[Image.Image] = []
-    t0 = time.time()
-    for s in range(0, len(items), args.batch):
-        chunk = items[s:s + args.batch]
-        gens = [torch.Generator().manual_seed(EVAL_SEED + s + i) for i in range(len(chunk))]
-        out = pipe(prompt=[c for c, _ in chunk], num_inference_steps=args.steps, guidance_scale=args.guidance,
-                   height=64, width=64, generator=gens)
-        images.extend(out.images)
-    gen_s = time.time() - t0
+    images, gen_s = generate(pipe, items, args.steps, args.guidance, args.batch)
     scores = clf.scores(images)
 
     rows, per_kind, per_colour, per_bg = [], defaultdict(list), defaultdict(list), defaultdict(list)
