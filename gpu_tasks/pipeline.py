@@ -114,6 +114,11 @@ class LoadedModel:
         if row.negative_prompt and self.family.negative_prompt == "true-cfg" and settings.IMAGEGEN_TRUE_CFG_SCALE <= 1:
             return (f"the served model ({self.family.name}) has distilled guidance and takes no negative prompt "
                     "on this server (IMAGEGEN_TRUE_CFG_SCALE is off)")
+        unet = getattr(self.pipe, "unet", None)
+        if row.negative_prompt and getattr(getattr(unet, "config", None), "time_cond_proj_dim", None):
+            # A guidance-embedded (latent consistency) student: diffusers runs no unconditional
+            # branch, so a negative prompt would be silently ignored.
+            return "this model has its guidance distilled in (one pass per step) and takes no negative prompt"
         return None
 
     def call_arguments(self, rows: list[Row], width: int, height: int, steps: int, guidance_scale: float) -> dict:

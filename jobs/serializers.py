@@ -103,6 +103,10 @@ class JobCreateSerializer(serializers.Serializer):
         assert served is not None  # validate_model
         attrs.setdefault("steps", served.default_steps)
         attrs.setdefault("guidance_scale", served.guidance_scale)
+        if attrs.get("negative_prompt") and not served.negative_prompt:
+            raise serializers.ValidationError(
+                {"negative_prompt": [f"{served.version} takes no negative prompt (its guidance is distilled in)"]}
+            )
         if attrs["steps"] > served.max_steps:
             raise serializers.ValidationError(
                 {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}

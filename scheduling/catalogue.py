@@ -12,7 +12,8 @@ traffic instead.
 A model folder may carry `serving.json` with its profile:
 
     {"default_steps": 4, "guidance_scale": 1.0, "max_steps": 8, "label": "fast (distilled)",
-     "quality_steps": {"low": 2, "medium": 4, "high": 8}, "batch_caps": {"64x64": 8}, "fill_wait": 0.1}
+     "quality_steps": {"low": 2, "medium": 4, "high": 8}, "batch_caps": {"64x64": 8}, "fill_wait": 0.1,
+     "negative_prompt": false}
 
 Absent keys fall back to the deployment's defaults (IMAGEGEN_DEFAULT_STEPS, IMAGEGEN_BATCH_CAPS,
 IMAGEGEN_FILL_WAIT and so on). `batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
@@ -44,6 +45,7 @@ class ServedModel:
     quality_steps: dict  # OpenAI quality tier -> steps on this model (jobs/openai_compat.py)
     batch_caps: dict  # "WxH" -> images per pass (manage.py measure_batch_caps suggests them)
     fill_wait: float | None  # seconds a partial pass waits for more; None: IMAGEGEN_FILL_WAIT
+    negative_prompt: bool  # False: the model ignores one (guidance distilled in), so a job with one is a 400
 
     def as_json(self) -> dict:
         return {
@@ -85,6 +87,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         quality_steps={str(k): int(v) for k, v in dict(prof.get("quality_steps", {})).items()},
         batch_caps={str(k): max(1, int(v)) for k, v in dict(prof.get("batch_caps", {})).items()},
         fill_wait=float(prof["fill_wait"]) if prof.get("fill_wait") is not None else None,
+        negative_prompt=bool(prof.get("negative_prompt", True)),
     )
 
 

@@ -150,3 +150,42 @@ def test_measure_batch_caps_writes_the_versions_serving_profile(fast_model, sett
     assert profile["default_steps"] == 2, "the rest of the profile is kept"
     assert "steps=2" in out.getvalue(), "measured at the model's own default steps"
 
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models"
+STUDENT = "shapes-v1-lcm"
+
+
+def test_the_shipped_deployment_serves_the_teacher_and_its_distilled_student():
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("IMAGEGEN_MODEL_PATH", "IMAGEGEN_MODEL_VERSION")}
+    out = subprocess.run([sys.executable, "manage.py", "served_models"], cwd=SHIPPED.parent, env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    assert out[0].startswith("shapes-v1 ") and "gpu.shapes " in out[0] and out[0].rstrip().endswith("/models/shapes-v1")
+    assert out[1].startswith(f"{STUDENT} ") and f"gpu.shapes@{STUDENT}" in out[1] and "steps   1" in out[1]
+
+
+def test_a_job_naming_the_student_runs_on_its_lane_in_one_step_and_a_negative_prompt_is_refused(
+        workers, start_worker, alice_api, settings):
+    path = SHIPPED / STUDENT
+    settings.IMAGEGEN_EXTRA_MODELS = {STUDENT: str(path)}
+    lane = lane_of(STUDENT)
+    r = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": STUDENT, "negative_prompt": "blue"},
+                       format="json")
+    assert r.status_code == 400 and "negative_prompt" in r.json(), r.content
+    worker = start_worker("gpu-student", gpu_queue(lane), IMAGEGEN_EXTRA_MODELS=f"{STUDENT}={path}")
+    try:
+        body = {"prompt": "a red circle on a blue background", "width": 64, "height": 64, "seed": 4, "model": STUDENT}
+        first = wait_for_status(alice_api.post("/api/v1/jobs", body, format="json").json()["id"], ("done",))
+        assert first.model_version == STUDENT and first.steps == 1 and first.batch.lane == lane
+        assert first.batch.cap == catalogue.get(STUDENT).batch_caps["64x64"]
+        forget_cache()
+        again = wait_for_status(alice_api.post("/api/v1/jobs", body, format="json").json()["id"], ("done",))
+        assert np.array_equal(pixels(first.id)[0], pixels(again.id)[0]), "deterministic"
+        picture = pixels(first.id)[0].reshape(-1, 3).astype(int)
+        assert picture.std(axis=0).max() > 10, "a picture, not a flat field"
+    finally:
+        worker.stop()

@@ -1,7 +1,7 @@
 """Distil the shipped teacher (models/shapes-v1, 20 DPM-Solver++ steps, guidance 6) into a few-step
 latent consistency student (LCMScheduler, 1-8 steps, one UNet pass per step).
 
-    python -m training.distill --teacher models/shapes-v1 --run /work/distill-run --out models/shapes-v1-lcm
+    python -m training.distill --teacher models/shapes-v1 --run var/distill-run --out models/shapes-v1-lcm
 
 Re-running the same command resumes from <run>/state.pt. ``touch <run>/STOP`` makes a running
 job save, export and exit; ``--export-only`` just exports the best checkpoint so far.
@@ -294,7 +294,7 @@ def export(teacher_path: str, teacher, student_sd: dict, out: Path, info: dict) 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--teacher", default="models/shapes-v1")
-    p.add_argument("--run", default="/work/distill-run", help="resumable state, trajectories, log")
+    p.add_argument("--run", default="var/distill-run", help="resumable state, trajectories, log")
     p.add_argument("--out", default="models/shapes-v1-lcm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
