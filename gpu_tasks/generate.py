@@ -47,7 +47,7 @@ from jobs import actions, encoding, events
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from jobs.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
 from jobs.tasks import send_stage
-from scheduling import costs, heartbeats, scheduler
+from scheduling import catalogue, costs, heartbeats, scheduler
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ class Runner:
             for index in range(job.count)
             if (job.id, index) not in have
         ]
-        model = get_model(batch.model_version)
+        model = get_model(catalogue.version_of_lane(self.lane))  # the lane's model, loaded at worker start
         refused = _refused(model, rows, batch.guidance_scale)
         if refused:  # what the served family cannot honour fails alone, not with its batch
             for job in jobs:

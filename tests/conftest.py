@@ -200,3 +200,45 @@ def admitted_to(lane: str):
             yield
     finally:
         check_prompt.delay = original
+
+
+def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
+    """Every event of a job from now until its final status, through the real channel layer.
+    One coroutine does the subscribing and every receive, so the layer's buffers stay on one
+    event loop (separate async_to_sync calls each get a loop of their own)."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync, sync_to_async
+    from channels.layers import get_channel_layer
+
+    from jobs import events
+    from jobs.models import GenerationJob
+
+    seen: list[dict] = []
+
+    async def run() -> None:
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        group = events.group_name(job_id)
+        await layer.group_add(group, channel)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    message = await asyncio.wait_for(layer.receive(channel), timeout=2)
+                except TimeoutError:
+                    status = await sync_to_async(lambda: GenerationJob.objects.get(id=job_id).status)()
+                    if status not in ("queued", "running"):
+                        return
+                    continue
+                event = message["event"]
+                seen.append(event)
+                if on_event is not None:
+                    await sync_to_async(on_event)(event)
+                if event["type"] == "status" and event["status"] not in ("queued", "running"):
+                    return
+        finally:
+            await layer.group_discard(group, channel)
+
+    async_to_sync(run)()
+    return seen

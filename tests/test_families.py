@@ -4,20 +4,14 @@ setting the family cannot honour refuses to start the worker."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-
 import numpy as np
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.test import Client, override_settings
 
 from gpu_tasks.tiny_pipeline import FAMILIES, write_tiny_family
-from jobs import events
 from jobs.models import GenerationJob
-from tests.conftest import admitted_to, forget_cache, wait_for_status
+from tests.conftest import admitted_to, forget_cache, wait_for_status, watch_job
 from tests.test_generation import pixels
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -40,29 +34,7 @@ def submit(api, lane: str, **body) -> str:
 def watch(job_id: str, on_event=None, timeout: float = 90.0) -> list[dict]:
     """Every event of the job until its final status (the job must still be queued: the lanes'
     fill wait holds a lone job back long enough to subscribe)."""
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(events.group_name(job_id), channel)
-    seen: list[dict] = []
-    deadline = time.monotonic() + timeout
-
-    async def receive():
-        return await asyncio.wait_for(layer.receive(channel), timeout=2)
-
-    while time.monotonic() < deadline:
-        try:
-            message = async_to_sync(receive)()
-        except TimeoutError:
-            if GenerationJob.objects.get(id=job_id).status not in ("queued", "running"):
-                break
-            continue
-        event = message["event"]
-        seen.append(event)
-        if on_event is not None:
-            on_event(event)
-        if event["type"] == "status" and event["status"] not in ("queued", "running"):
-            break
-    return seen
+    return watch_job(job_id, on_event, timeout)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -3,17 +3,11 @@ preview is judged block or review gets no more; with the gate failing, no previe
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 
-from jobs import events
-from jobs.models import GenerationJob
 from tests import fake_classifiers
-from tests.conftest import admitted_to, wait_for_status
+from tests.conftest import admitted_to, wait_for_status, watch_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LANE = "previews"
@@ -38,33 +32,12 @@ def classifier_mode():
 
 def watch(api, prompt: str, seed: int) -> tuple[str, list[dict]]:
     """Submit to the preview lane and collect every event of the job until its final status."""
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
     with admitted_to(LANE):
         response = api.post("/api/v1/jobs", {"prompt": prompt, "width": 64, "height": 64, "steps": 12, "seed": seed},
                             format="json")
     assert response.status_code == 202, response.content
     job_id = response.json()["id"]
-    async_to_sync(layer.group_add)(events.group_name(job_id), channel)
-    seen: list[dict] = []
-    deadline = time.monotonic() + 60
-
-    async def receive():
-        import asyncio
-
-        return await asyncio.wait_for(layer.receive(channel), timeout=2)
-
-    while time.monotonic() < deadline:
-        try:
-            message = async_to_sync(receive)()
-        except TimeoutError:
-            if GenerationJob.objects.get(id=job_id).status not in ("queued", "running"):
-                break
-            continue
-        event = message["event"]
-        seen.append(event)
-        if event["type"] == "status" and event["status"] not in ("queued", "running"):
-            break
+    seen = watch_job(job_id)
     return job_id, seen
 
 
