@@ -21,6 +21,33 @@ pytest_plugins = ["tests.s3_fixtures", "tests.live_server"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _flush_retrying_deadlocks() -> None:
+    """Between transactional tests the test database is flushed (TRUNCATE of every table) while
+    the session's workers keep running: the reaper's once-a-second pass may hold a row lock on
+    one table and want another, and PostgreSQL then picks the flush as the deadlock victim.
+    Retry the flush then (a few times), as an operator would; any other error still fails."""
+    from django.core.management.commands import flush
+    from django.db import OperationalError
+
+    original = flush.Command.handle
+
+    def handle(self, *args, **options):
+        for attempt in range(5):
+            try:
+                return original(self, *args, **options)
+            except Exception as exc:  # flush wraps the database error in a CommandError
+                cause = exc.__cause__ or exc.__context__
+                if attempt == 4 or not (isinstance(cause, OperationalError) and "deadlock" in str(cause)):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        return None
+
+    flush.Command.handle = handle
+
+
+_flush_retrying_deadlocks()
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     path = Path(settings.IMAGEGEN_MODEL_PATH)
@@ -242,3 +269,14 @@ def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
 
     async_to_sync(run)()
     return seen
+
+
+def wait_until_cached(job, timeout: float = 10.0) -> None:
+    """The publish stage remembers a delivered job's images in the request-hash cache just
+    after the commit that makes it done: wait for that before relying on a hit."""
+    from jobs import cache
+
+    deadline = time.monotonic() + timeout
+    while not cache.lookup(job) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cache.lookup(job), "the delivered job was never remembered in the cache"

@@ -19,7 +19,7 @@ from django.utils import timezone
 from jobs.models import GeneratedImage, GenerationJob
 from safety.models import SafetyVerdict
 from tests import fake_classifiers
-from tests.conftest import admitted_to, forget_cache, make_user, wait_for_status
+from tests.conftest import admitted_to, forget_cache, make_user, wait_for_status, wait_until_cached
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,6 +81,7 @@ def test_an_image_made_with_no_classifier_is_never_served_from_the_cache(workers
 def test_an_allowed_image_is_served_from_the_cache_to_the_same_gate(workers, alice_api):
     forget_cache()
     first = wait_for_status(submit(alice_api, "a green circle on a white background", 4343), ("done",))
+    wait_until_cached(first)
     second = alice_api.post("/api/v1/jobs", {"prompt": "a green circle on a white background", "width": 64, "height": 64,
                                              "steps": 3, "seed": 4343}, format="json").json()
     assert second["status"] == "done"  # at once, from the cache
