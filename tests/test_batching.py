@@ -10,7 +10,7 @@ from django.conf import settings
 
 from imagegen.redis_client import PREFIX
 from jobs.models import Batch, GeneratedImage, GenerationJob
-from tests.conftest import client_for, forget_cache, make_user, wait_for_status
+from tests.conftest import client_for, forget_cache, make_user, wait_for_status, wait_until_cached
 from tests.test_generation import pixels, submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -67,7 +67,12 @@ def test_mixed_shapes_never_share_a_batch(workers, alice_api):
 def test_a_lone_job_starts_within_the_fill_wait_plus_slack(workers, alice_api):
     time.sleep(0.5)  # let earlier work drain
     job = wait_for_status(submit(alice_api, steps=2)["id"], ("done",))
-    assert job.queue_wait_seconds <= settings.IMAGEGEN_FILL_WAIT + 1.5
+    # It ran without waiting for a full batch: its pass started once the worker's fill window
+    # (FILL_WAIT from the take) closed. Measured inside the worker, not end to end, so a loaded
+    # machine's prompt-check and broker latency do not decide the test.
+    batch = job.batch
+    assert batch.size == 1 < batch.cap
+    assert (batch.pass_started_at - batch.started_at).total_seconds() <= settings.IMAGEGEN_FILL_WAIT + 1.5
 
 
 def test_an_image_in_a_batch_equals_the_same_request_made_alone(workers, alice_api, bob_api):
@@ -78,6 +83,8 @@ def test_an_image_in_a_batch_equals_the_same_request_made_alone(workers, alice_a
     wait_all([j["id"] for j in together])
     wait_for_status(blocker["id"], ("done",))
     assert len({GenerationJob.objects.get(id=j["id"]).batch_id for j in together}) == 1
+    for j in together:  # remembered just after done: forget only once they are in the cache
+        wait_until_cached(GenerationJob.objects.get(id=j["id"]))
     forget_cache()
     alone = submit(bob_api, seed=901, steps=4, prompt="a blue square on a green background")
     job = wait_for_status(alone["id"], ("done",))
