@@ -319,6 +319,5 @@ def get_model(version: str | None = None) -> LoadedModel:
 
                 _loaded[version] = SimulatedModel()  # type: ignore[assignment]
             else:
-                path = settings.IMAGEGEN_MODEL_PATH if version == settings.IMAGEGEN_MODEL_VERSION else catalogue.path_for(version)
-                _loaded[version] = LoadedModel(path, settings.IMAGEGEN_DEVICE, version)
+                _loaded[version] = LoadedModel(catalogue.path_for(version), settings.IMAGEGEN_DEVICE, version)
         return _loaded[version]

@@ -101,10 +101,14 @@ def _catalogue(key: tuple) -> dict[str, ServedModel]:
     return models
 
 
+def key() -> tuple:
+    """What the catalogue is derived from (the settings): a cache key for what is built on it."""
+    return settings.IMAGEGEN_MODEL_VERSION, str(settings.IMAGEGEN_MODEL_PATH), tuple(sorted(settings.IMAGEGEN_EXTRA_MODELS.items()))
+
+
 def served() -> dict[str, ServedModel]:
     """Every selectable version, the default first."""
-    extra = tuple(sorted(settings.IMAGEGEN_EXTRA_MODELS.items()))
-    return _catalogue((settings.IMAGEGEN_MODEL_VERSION, str(settings.IMAGEGEN_MODEL_PATH), extra))
+    return _catalogue(key())
 
 
 def default() -> ServedModel:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 from django.conf import settings
 
@@ -41,13 +42,29 @@ def parse_shape(key: str) -> dict:
 
 def caps_table() -> dict[str, int]:
     """Batch caps by size ("WxH") from IMAGEGEN_BATCH_CAPS, and by version and size
-    ("version|WxH") from each served model's serving.json (`batch_caps`), which win."""
+    ("version|WxH") from each served model's serving.json (`batch_caps`), which win. Built once
+    per configuration: the take and the wait estimate's replay ask for it on every pass."""
     from scheduling import catalogue
 
-    table = dict(settings.IMAGEGEN_BATCH_CAPS)
+    return _caps(tuple(sorted(settings.IMAGEGEN_BATCH_CAPS.items())), catalogue.key())[0]
+
+
+@lru_cache(maxsize=8)
+def _caps(base: tuple, catalogue_key: tuple) -> tuple[dict[str, int], str]:
+    """catalogue_key: only the cache key (served() reads the same settings)."""
+    from scheduling import catalogue
+
+    table = dict(base)
     for served in catalogue.served().values():
         table.update({f"{served.version}|{size}": cap for size, cap in served.batch_caps.items()})
-    return table
+    return table, json.dumps(table)
+
+
+def caps_json() -> str:
+    """caps_table() as the take script's argument."""
+    from scheduling import catalogue
+
+    return _caps(tuple(sorted(settings.IMAGEGEN_BATCH_CAPS.items())), catalogue.key())[1]
 
 
 def cap_for(width: int, height: int, version: str = "") -> int:
@@ -376,7 +393,7 @@ def take(model: str, only_shape: str = "", max_images: int = 0, now: float | Non
         args=[
             now if now is not None else time.time(),
             settings.IMAGEGEN_STARVATION_SECONDS,
-            json.dumps(caps_table()),
+            caps_json(),
             settings.IMAGEGEN_BATCH_CAP,
             only_shape,
             max_images,
