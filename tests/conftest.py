@@ -202,9 +202,16 @@ def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", 
     raise AssertionError(f"job {job_id} still {job.status} after {timeout}s")
 
 
-def forget_cache() -> None:
-    """Drop every request-hash cache entry, so an identical request is generated again."""
+def forget_cache(*delivered) -> None:
+    """Drop every request-hash cache entry, so an identical request is generated again. The
+    publish stage remembers a job just after the commit that makes it done, so the delivered
+    jobs (rows or ids) named here are waited for first: otherwise their entries could land
+    after the drop."""
     from imagegen.redis_client import PREFIX, get_redis
+    from jobs.models import GenerationJob
+
+    for job in delivered:
+        wait_until_cached(job if isinstance(job, GenerationJob) else GenerationJob.objects.get(id=job))
 
     r = get_redis()
     keys = list(r.scan_iter(f"{PREFIX}rc:*"))
@@ -231,12 +238,14 @@ def admitted_to(lane: str):
 
 def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
     """Every event of a job from now until its final status, through the real channel layer.
-    One coroutine does the subscribing and every receive, so the layer's buffers stay on one
-    event loop (separate async_to_sync calls each get a loop of their own)."""
+    One coroutine does the subscribing and every receive on a layer of its own: a layer's locks
+    bind to the first event loop that uses them, and each async_to_sync call gets a new loop, so
+    the process-wide layer an earlier test used cannot be reused here."""
     import asyncio
 
     from asgiref.sync import async_to_sync, sync_to_async
-    from channels.layers import get_channel_layer
+    from channels import DEFAULT_CHANNEL_LAYER
+    from channels.layers import channel_layers
 
     from jobs import events
     from jobs.models import GenerationJob
@@ -244,7 +253,7 @@ def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
     seen: list[dict] = []
 
     async def run() -> None:
-        layer = get_channel_layer()
+        layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
         channel = await layer.new_channel()
         group = events.group_name(job_id)
         await layer.group_add(group, channel)

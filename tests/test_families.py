@@ -54,7 +54,7 @@ def test_each_family_is_served_end_to_end(family, family_models, start_worker, w
         first, second = pixels(job_id)
         assert first.shape == (64, 64, 3) and not np.array_equal(first, second)
         # Deterministic: the same request generated again gives the same pixels.
-        forget_cache()
+        forget_cache(job_id)
         again = submit(alice_api, lane, seed=11, count=2, prompt="a green square")
         assert wait_for_status(again, ("done",)).status == "done"
         assert GenerationJob.objects.get(id=again).batch_id != GenerationJob.objects.get(id=job_id).batch_id

@@ -63,8 +63,7 @@ def test_a_submitted_job_is_done_and_its_url_serves_a_png_of_the_requested_size(
 def test_the_same_seed_gives_identical_pixels_and_a_different_seed_differs(workers, alice_api):
     first = submit(alice_api, seed=1234)
     other = submit(alice_api, seed=1235)
-    wait_for_status(first["id"], ("done",))
-    forget_cache()  # generate the identical request again instead of reusing the stored image
+    forget_cache(wait_for_status(first["id"], ("done",)))  # generate the identical request again instead of reusing the stored image
     second = submit(alice_api, seed=1234)
     for job in (second, other):
         wait_for_status(job["id"], ("done",))
@@ -79,7 +78,7 @@ def test_count_three_gives_three_images_with_consecutive_seeds(workers, alice_ap
     wait_for_status(job["id"], ("done",))
     body = alice_api.get(f"/api/v1/jobs/{job['id']}").json()
     assert [(im["index"], im["seed"]) for im in body["images"]] == [(0, 50), (1, 51), (2, 52)]
-    forget_cache()
+    forget_cache(job["id"])
     alone = submit(alice_api, seed=51)
     wait_for_status(alone["id"], ("done",))
     # The second image of the count-3 job is the same request as a lone job with seed 51.

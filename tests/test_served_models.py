@@ -88,7 +88,7 @@ def test_a_job_naming_the_second_model_runs_on_its_lane_at_its_steps_and_records
         done = wait_for_status(fast["id"], ("done",))
         assert done.model_version == FAST and done.batch.lane == lane and done.batch.cap == 2
         assert done.batch.worker.endswith(f":{both.proc.pid}"), "only the worker consuming the lane ran it"
-        forget_cache()  # made again, not served from the cache
+        forget_cache(done)  # made again, not served from the cache
         again = wait_for_status(submit(alice_api, seed=99, prompt="a green square", steps=2, guidance_scale=1.5,
                                        model=FAST)["id"], ("done",))
         assert again.id != done.id
@@ -182,7 +182,7 @@ def test_a_job_naming_the_student_runs_on_its_lane_in_one_step_and_a_negative_pr
         first = wait_for_status(alice_api.post("/api/v1/jobs", body, format="json").json()["id"], ("done",))
         assert first.model_version == STUDENT and first.steps == 1 and first.batch.lane == lane
         assert first.batch.cap == catalogue.get(STUDENT).batch_caps["64x64"]
-        forget_cache()
+        forget_cache(first)
         again = wait_for_status(alice_api.post("/api/v1/jobs", body, format="json").json()["id"], ("done",))
         assert np.array_equal(pixels(first.id)[0], pixels(again.id)[0]), "deterministic"
         picture = pixels(first.id)[0].reshape(-1, 3).astype(int)
