@@ -27,7 +27,6 @@ import concurrent.futures
 import json
 import logging
 import random
-import socket
 import sys
 import threading
 import time
@@ -36,6 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import pct  # noqa: E402
+from scripts.procs import free_port  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange", "white", "black", "pink", "cyan"]
@@ -44,21 +45,6 @@ BACKGROUNDS = ["grey", "dark", "light", "striped"]
 
 # The request mix of the load phase: (weight, width, height, steps, count)
 MIX = [(0.5, 64, 64, 20, 1), (0.2, 64, 64, 20, 2), (0.3, 96, 96, 10, 1)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(values, q: float):
-    if not values:
-        return None
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(len(values) - 1, int(k) + 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def prompt_of(i: int) -> str:

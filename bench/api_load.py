@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -37,27 +36,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.procs import stop_group  # noqa: E402
+from bench.stats import pct  # noqa: E402
+from scripts.procs import free_port, stop_group  # noqa: E402
 from scripts.run import web_command, web_processes  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 COLOURS = ["red", "blue", "green", "yellow", "purple", "orange"]
 KINDS = ["circle", "square", "triangle"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(len(values) - 1, int(k) + 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 # --- the load generator: raw HTTP/1.1 on keep-alive connections (cheap on the client side) ---

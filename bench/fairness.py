@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import socket
 import statistics
 import sys
 import threading
@@ -38,24 +37,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.stats import pct  # noqa: E402
+from scripts.procs import free_port  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 HEAVY_QUEUED, HEAVY_COUNT = 16, 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(values, q: float):
-    if not values:
-        return None
-    values = sorted(values)
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(len(values) - 1, int(k) + 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
 def jain(xs: list[float]) -> float | None:

@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.procs import free_port  # noqa: E402
+
 TERMINAL = ("done", "failed", "blocked", "cancelled")
 ALL_SCENARIOS = ("fuzz", "db", "storage", "classifier", "kills", "redis", "load", "abuse", "watchers")
 
@@ -816,12 +818,6 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
 # ----------------------------------------------------------------------------------------
 # the command
 # ----------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_stack(steps: int):

@@ -161,8 +161,9 @@ async def _open_websockets(base: str, job_id: str, token: str, n: int) -> dict:
 def scenario_abuse(stack, size: dict) -> dict:
     from django.conf import settings
 
-    from bench.reliability import GpuPool, free_port, user_token, wait_terminal
+    from bench.reliability import GpuPool, user_token, wait_terminal
     from jobs.models import GenerationJob
+    from scripts.procs import free_port
 
     steps = 4
     result: dict = {"limits": PRODUCTION_LIMITS}
@@ -267,8 +268,9 @@ def scenario_watchers(stack, size: dict) -> dict:
     import httpx
     from django.conf import settings
 
-    from bench.reliability import free_port, user_token, wait_terminal
+    from bench.reliability import user_token, wait_terminal
     from jobs.models import GenerationJob
+    from scripts.procs import free_port
 
     per_job = 5 if size.get("kill_jobs", 0) >= 200 else 2
     # The simulated accelerator: a 150-step pass lasts ~15 s, so the restart is in the middle of it.

@@ -63,7 +63,8 @@ sys.exit(main())
 
 class Service:
     def __init__(self):
-        from scripts.private_redis import free_port, start
+        from scripts.private_redis import start
+        from scripts.procs import free_port
 
         self.var = Path(tempfile.mkdtemp(prefix="imagegen-bench-ws-"))
         self.procs: list[subprocess.Popen] = []

@@ -255,6 +255,12 @@ IMAGEGEN_USER_WEIGHTS = env_weights("IMAGEGEN_USER_WEIGHTS")
 IMAGEGEN_LEASE_SECONDS = env_float("IMAGEGEN_LEASE_SECONDS", 30.0)  # renewed while a batch runs
 IMAGEGEN_MAX_ATTEMPTS = env_int("IMAGEGEN_MAX_ATTEMPTS", 3)
 IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
+# A job still waiting for its prompt check this long had the check's message lost (a broker
+# that restarted empty drops what is sent before the workers declare their queues again): the
+# reaper sends it again, at most once per this many seconds per job.
+IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = env_float("IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", 60.0)
+# Storage away at publish: the stage retries, doubling from 1 s up to this many seconds apart.
+IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF", 60.0)
 IMAGEGEN_PREVIEW_EVERY = env_int("IMAGEGEN_PREVIEW_EVERY", 4)  # steps between previews
 IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)  # seconds
 

@@ -49,20 +49,25 @@ def publish_batch(self, lane: str, batch_id: str) -> list[str]:
     try:
         return publish(batch_id)
     except Exception as exc:
-        if not is_transient(exc) or self.request.retries * 5 > PUBLISH_RETRY_SECONDS:
+        from django.conf import settings
+
+        def backoff(retry: int) -> float:
+            return min(settings.IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF, 2.0 ** min(retry, 16))
+
+        waited = sum(backoff(i) for i in range(self.request.retries))
+        if not is_transient(exc) or waited > PUBLISH_RETRY_SECONDS:
             raise
         from datetime import timedelta
 
-        from django.conf import settings
         from django.utils import timezone
 
         # Storage is away: keep the stage's lease (the reaper must not count this as a lost
-        # worker) and try again, backing off up to a minute.
+        # worker) and try again, backing off up to IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF.
         Batch.objects.filter(id=batch_id, stage="publish").update(
-            lease_expires_at=timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS + 60)
+            lease_expires_at=timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS + settings.IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF)
         )
         log.warning("publishing batch %s failed (%s); retrying", batch_id, exc, extra={"batch_id": batch_id, "stage": "publish"})
-        raise self.retry(exc=exc, countdown=min(60, 2 ** min(self.request.retries, 6))) from exc
+        raise self.retry(exc=exc, countdown=backoff(self.request.retries)) from exc
 
 
 @shared_task(name="jobs.tasks.reap")

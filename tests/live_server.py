@@ -6,7 +6,6 @@ The fixture `daphne_server` is registered for every test module by conftest.py (
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,9 @@ import httpx
 import pytest
 from django.conf import settings
 
-from scripts.procs import stop_group
+from scripts.procs import free_port, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

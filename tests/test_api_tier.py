@@ -22,10 +22,9 @@ from jobs.models import GeneratedImage, GenerationJob
 from jobs.serializers import JobSerializer
 from scheduling import heartbeats, scheduler
 from scheduling.costs import COST_KEY
-from scripts.procs import stop_group
+from scripts.procs import free_port, stop_group
 from scripts.run import web_command
 from tests.conftest import client_for
-from tests.live_server import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "sumtest"

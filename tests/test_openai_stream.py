@@ -17,7 +17,6 @@ from PIL import Image
 from rest_framework.test import APIClient
 
 from jobs.encoding import read_parameters
-from tests import fake_classifiers
 from tests.conftest import make_user
 
 PROMPT = "a red circle on a blue background"
@@ -29,13 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def oai(daphne_server, workers, alice):
     return openai.OpenAI(base_url=f"{daphne_server.url}/v1", api_key=alice.auth_token.key, max_retries=0, timeout=90)
-
-
-@pytest.fixture
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
 
 
 def is_format(data: bytes, fmt: str) -> bool:

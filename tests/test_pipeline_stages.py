@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests import fake_classifiers
 from tests.conftest import admitted_to, wait_for_status
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -234,13 +233,6 @@ def test_a_publish_that_dies_after_copying_and_before_committing_is_finished_onc
     assert GenerationJob.objects.get(id=job_id).status == "done"
     redis_client.delete("io-nobody")
     gpu.stop()
-
-
-@pytest.fixture
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
 
 
 # --- on a real S3 server ---

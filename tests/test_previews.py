@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
-from tests import fake_classifiers
 from tests.conftest import admitted_to, wait_for_status, watch_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,13 +20,6 @@ def preview_worker(start_worker):
                           IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
     yield worker
     worker.stop()
-
-
-@pytest.fixture
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
 
 
 def watch(api, prompt: str, seed: int) -> tuple[str, list[dict]]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.live_server import free_port
+from scripts.procs import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 240.0

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.test import Client
 
 from jobs.models import GeneratedImage, GenerationJob
@@ -15,23 +14,7 @@ from tests import fake_classifiers
 from tests.conftest import make_user, wait_for_status
 from tests.test_generation import submit
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
-
-
-@pytest.fixture
-def moderator(transactional_db):
-    mod = make_user("mod", is_staff=True)
-    mod.user_permissions.add(Permission.objects.get(codename="review_content"))
-    client = Client()
-    client.force_login(mod)
-    return mod, client
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("classifier_mode")]
 
 
 def admin_action(client, action: str, job_ids, notes: str = ""):
@@ -57,8 +40,8 @@ def test_an_evasive_prompt_is_blocked_too(workers, alice_api):
     assert wait_for_status(job["id"]).status == "blocked"
 
 
-def test_a_borderline_prompt_waits_for_a_moderator_who_approves_it(workers, alice_api, moderator):
-    mod, client = moderator
+def test_a_borderline_prompt_waits_for_a_moderator_who_approves_it(workers, alice_api, moderator, moderator_client):
+    mod, client = moderator, moderator_client
     job = submit(alice_api, prompt="a red heart on a white background")
     held = wait_for_status(job["id"], ("review",))
     assert held.blocked_stage == "prompt" and held.batch_id is None
@@ -72,7 +55,10 @@ def test_a_borderline_prompt_waits_for_a_moderator_who_approves_it(workers, alic
     assert human.decision == "allow" and human.reviewer == mod and human.notes == "a heart shape is fine"
 
 
-@pytest.mark.parametrize("mode", ["raise", "hang", "none", "short"])
+# A malformed answer (NaN, a missing label, text for a score) fails closed like a failure: before
+# the gate validated answers, a missing label was skipped and a NaN score compared false with
+# every threshold, so those jobs were delivered.
+@pytest.mark.parametrize("mode", ["raise", "hang", "none", "short", "nan", "missing", "text"])
 def test_a_classifier_that_fails_in_any_way_delivers_nothing(workers, alice_api, classifier_mode, mode):
     classifier_mode(mode)
     job = submit(alice_api, steps=2)
@@ -84,6 +70,12 @@ def test_a_classifier_that_fails_in_any_way_delivers_nothing(workers, alice_api,
     assert not GeneratedImage.objects.filter(job_id=job["id"], tier="public").exists()
     for image in GeneratedImage.objects.filter(job_id=job["id"]):
         assert Client().get(f"/media/{image.storage_key}").status_code == 404
+
+
+def test_a_clean_answer_from_the_scripted_classifier_is_delivered(workers, alice_api):
+    job = submit(alice_api, steps=2)
+    done = wait_for_status(job["id"], timeout=60)
+    assert done.status == "done" and done.images.count() == 1
 
 
 def test_an_image_the_classifier_flags_is_blocked_and_kept_private(workers, alice_api, classifier_mode):
@@ -100,8 +92,8 @@ def test_an_image_the_classifier_flags_is_blocked_and_kept_private(workers, alic
     assert "scripted-test-classifier" in verdict.policy_version
 
 
-def test_a_held_image_is_delivered_when_approved_and_stays_private_when_rejected(workers, alice_api, classifier_mode, moderator):
-    mod, client = moderator
+def test_a_held_image_is_delivered_when_approved_and_stays_private_when_rejected(workers, alice_api, classifier_mode, moderator_client):
+    client = moderator_client
     classifier_mode("json:" + json.dumps({"heart": 0.8}))
     kept = submit(alice_api, steps=2, seed=1, prompt="a pink circle")
     dropped = submit(alice_api, steps=2, seed=2, prompt="a pink circle")
@@ -128,8 +120,8 @@ def test_a_user_without_the_review_permission_cannot_reach_the_queue(alice, tran
     assert Client().get("/admin/safety/reviewcase/").status_code == 302
 
 
-def test_an_appeal_reaches_the_queue_and_its_outcome_reaches_the_job(workers, alice_api, moderator):
-    mod, client = moderator
+def test_an_appeal_reaches_the_queue_and_its_outcome_reaches_the_job(workers, alice_api, moderator_client):
+    client = moderator_client
     job = submit(alice_api, prompt="a bloody gore scene")
     wait_for_status(job["id"], ("blocked",))
     response = alice_api.post(f"/api/v1/jobs/{job['id']}/appeal", {"note": "it is a film prop"}, format="json")
@@ -142,8 +134,8 @@ def test_an_appeal_reaches_the_queue_and_its_outcome_reaches_the_job(workers, al
     assert "graphic violence" in body["reason"]
 
 
-def test_an_overturned_appeal_generates_the_job(workers, alice_api, moderator):
-    mod, client = moderator
+def test_an_overturned_appeal_generates_the_job(workers, alice_api, moderator_client):
+    client = moderator_client
     job = submit(alice_api, prompt="a gory zombie costume for halloween", steps=2)
     blocked = wait_for_status(job["id"])
     assert blocked.status == "blocked" and blocked.blocked_stage == "prompt", (blocked.status, blocked.reason)
@@ -159,8 +151,8 @@ def test_appealing_a_job_that_is_not_blocked_is_refused(workers, alice_api):
     assert alice_api.post(f"/api/v1/jobs/{job['id']}/appeal", {"note": "x"}, format="json").status_code == 400
 
 
-def test_rejecting_a_delivered_image_purges_it_and_calls_the_cdn_hook(workers, alice_api, moderator):
-    mod, client = moderator
+def test_rejecting_a_delivered_image_purges_it_and_calls_the_cdn_hook(workers, alice_api, moderator_client):
+    client = moderator_client
     job = submit(alice_api, steps=2, seed=77, prompt="a black square")
     wait_for_status(job["id"], ("done",))
     url = alice_api.get(f"/api/v1/jobs/{job['id']}").json()["images"][0]["url"]

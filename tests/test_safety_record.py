@@ -12,33 +12,14 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
-from django.contrib.auth.models import Permission
-from django.test import Client
 from django.utils import timezone
 
 from jobs.models import GeneratedImage, GenerationJob
 from safety.models import SafetyVerdict
-from tests import fake_classifiers
-from tests.conftest import admitted_to, forget_cache, make_user, wait_for_status, wait_until_cached
+from tests.conftest import admitted_to, forget_cache, wait_for_status, wait_until_cached
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
-
-
-@pytest.fixture
-def moderator(transactional_db):
-    mod = make_user("mod", is_staff=True)
-    mod.user_permissions.add(Permission.objects.get(codename="review_content"))
-    client = Client()
-    client.force_login(mod)
-    return client
 
 
 def submit(api, prompt: str, seed: int, **extra) -> str:
@@ -102,7 +83,7 @@ def test_production_refuses_to_deliver_unchecked_images_without_a_second_setting
 
 
 def test_deleting_a_blocked_job_keeps_its_verdicts_and_its_quarantined_evidence(workers, alice_api, classifier_mode,
-                                                                                 moderator):
+                                                                                 moderator_client):
     from jobs.storage import quarantine_storage
 
     classifier_mode('json:{"star": 0.99}')
@@ -114,10 +95,10 @@ def test_deleting_a_blocked_job_keeps_its_verdicts_and_its_quarantined_evidence(
     assert SafetyVerdict.objects.filter(job_id=job.id, stage="image", decision="block").exists()
     assert GeneratedImage.objects.filter(id=image.id, tier="quarantine").exists()
     assert quarantine_storage().exists(image.storage_key)
-    assert moderator.get(f"/staff/images/{image.id}").status_code == 200  # evidence for moderators
+    assert moderator_client.get(f"/staff/images/{image.id}").status_code == 200  # evidence for moderators
 
 
-def test_a_pending_appeal_is_not_withdrawn_by_the_owners_delete(workers, alice_api, moderator):
+def test_a_pending_appeal_is_not_withdrawn_by_the_owners_delete(workers, alice_api, moderator_client):
     from jobs.actions import review_queue
 
     job_id = submit(alice_api, "a pile of bloody gore and severed limbs", 4545)
@@ -125,7 +106,7 @@ def test_a_pending_appeal_is_not_withdrawn_by_the_owners_delete(workers, alice_a
     assert alice_api.post(f"/api/v1/jobs/{job_id}/appeal", {"note": "it is a costume"}, format="json").status_code == 202
     assert alice_api.delete(f"/api/v1/jobs/{job_id}").status_code == 204
     assert review_queue().filter(id=job_id).exists()
-    moderator.post("/admin/safety/reviewcase/", {"action": "reject_selected", "_selected_action": [job_id],
+    moderator_client.post("/admin/safety/reviewcase/", {"action": "reject_selected", "_selected_action": [job_id],
                                                  "notes": "not a costume", "index": 0})
     assert GenerationJob.objects.get(id=job_id).appeal_outcome == "upheld"
 
@@ -146,19 +127,19 @@ def test_retention_purges_a_deleted_job_once_its_record_period_is_over(workers, 
     assert not quarantine_storage().exists(key)
 
 
-def test_overturning_an_appeal_on_a_taken_down_image_restores_it(workers, alice_api, moderator):
+def test_overturning_an_appeal_on_a_taken_down_image_restores_it(workers, alice_api, moderator_client):
     from jobs.storage import public_storage
 
     job = wait_for_status(submit(alice_api, "a red square on a green background", 4747), ("done",))
     image = job.images.get()
-    response = moderator.post("/admin/jobs/generatedimage/", {"action": "reject_delivered", "_selected_action": [str(image.id)],
+    response = moderator_client.post("/admin/jobs/generatedimage/", {"action": "reject_delivered", "_selected_action": [str(image.id)],
                                                               "notes": "looks wrong", "index": 0})
     assert response.status_code == 302
     taken = GenerationJob.objects.get(id=job.id)
     assert taken.status == "blocked" and taken.blocked_stage == "human"
     assert not public_storage().exists(image.storage_key)
     assert alice_api.post(f"/api/v1/jobs/{job.id}/appeal", {"note": "it is a square"}, format="json").status_code == 202
-    moderator.post("/admin/safety/reviewcase/", {"action": "approve_selected", "_selected_action": [str(job.id)],
+    moderator_client.post("/admin/safety/reviewcase/", {"action": "approve_selected", "_selected_action": [str(job.id)],
                                                  "notes": "fine after all", "index": 0})
     restored = GenerationJob.objects.get(id=job.id)
     assert restored.status == "done" and restored.appeal_outcome == "overturned", restored.reason

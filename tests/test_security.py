@@ -9,7 +9,6 @@ import asyncio
 import io
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.files.base import ContentFile
 from django.core.management import call_command
 from django.test import Client
@@ -38,13 +37,6 @@ def make_image(job, tier: str) -> GeneratedImage:
     key = storage.save(new_image_key(), ContentFile(PNG))
     return GeneratedImage.objects.create(job=job, index=0, seed=job.seed, storage_key=key, width=64, height=64,
                                          byte_size=len(PNG), sha256="0" * 64, tier=tier)
-
-
-@pytest.fixture
-def moderator(transactional_db):
-    mod = make_user("mod", is_staff=True)
-    mod.user_permissions.add(Permission.objects.get(codename="review_content"))
-    return mod
 
 
 # --- tenants ------------------------------------------------------------------------------

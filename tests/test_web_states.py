@@ -19,7 +19,6 @@ from django.conf import settings
 from PIL import Image
 
 from jobs.models import GenerationJob
-from tests import fake_classifiers
 from tests.browser import screenshot, sign_in
 from tests.conftest import client_for, make_user, wait_for_status
 from tests.live_server import start_daphne, stop_daphne
@@ -28,22 +27,6 @@ from tests.test_web_page import browser_page  # noqa: F401  (the fixture)
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PROMPT = "a red circle on a blue background"
-
-
-@pytest.fixture
-def classifier_mode():
-    fake_classifiers.set_mode(None)
-    yield fake_classifiers.set_mode
-    fake_classifiers.set_mode(None)
-
-
-@pytest.fixture
-def moderator(transactional_db):
-    from django.contrib.auth.models import Permission
-
-    mod = make_user("mod", is_staff=True)
-    mod.user_permissions.add(Permission.objects.get(codename="review_content", content_type__app_label="safety"))
-    return mod
 
 
 @pytest.fixture

@@ -314,19 +314,21 @@ def move_queued(from_version: str, to_version: str) -> int:
 def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str]]:
     """Re-enqueue admitted, queued jobs that are missing from Redis (state lost, or a worker died
     between taking and claiming). Returns (how many were restored, the jobs whose prompt check
-    was lost with the broker and is due again: at most once a minute per job)."""
+    was lost with the broker and is due again: at most once per IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
+    per job)."""
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = 0
     for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
         if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
-    stale_check = timezone.now() - timedelta(seconds=max(60.0, min_age_seconds))
+    resend_after = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
+    stale_check = timezone.now() - timedelta(seconds=max(resend_after, min_age_seconds))
     recheck = [
         str(job_id)
         for job_id in GenerationJob.objects.filter(
             status=JobStatus.QUEUED, scheduled_at=None, created_at__lt=stale_check
         ).values_list("id", flat=True)
-        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=60)
+        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after)))
     ]
     return restored, recheck
