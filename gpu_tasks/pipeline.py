@@ -109,17 +109,26 @@ class LoadedModel:
         minus_one_one = data.get("range") == "minus_one_one"
         return {"weight": weight, "bias": bias, "minus_one_one": minus_one_one}
 
-    def refusal(self, row: Row, guidance_scale: float) -> str | None:
-        """Why this model cannot make the row as asked (None: it can)."""
-        if row.negative_prompt and self.family.negative_prompt == "true-cfg" and settings.IMAGEGEN_TRUE_CFG_SCALE <= 1:
+    def negative_prompt_refusal(self) -> str | None:
+        """Why this model, as served, takes no negative prompt (None: it takes one)."""
+        if self.family.negative_prompt == "true-cfg" and settings.IMAGEGEN_TRUE_CFG_SCALE <= 1:
             return (f"the served model ({self.family.name}) has distilled guidance and takes no negative prompt "
                     "on this server (IMAGEGEN_TRUE_CFG_SCALE is off)")
         unet = getattr(self.pipe, "unet", None)
-        if row.negative_prompt and getattr(getattr(unet, "config", None), "time_cond_proj_dim", None):
+        if getattr(getattr(unet, "config", None), "time_cond_proj_dim", None):
             # A guidance-embedded (latent consistency) student: diffusers runs no unconditional
             # branch, so a negative prompt would be silently ignored.
             return "this model has its guidance distilled in (one pass per step) and takes no negative prompt"
         return None
+
+    def capabilities(self) -> dict:
+        """What the lane's workers tell the web tier, so a request the model cannot honour is a
+        400 at submit instead of a failed job (scheduling.heartbeats)."""
+        return {"family": self.family.name, "negative_prompt_refusal": self.negative_prompt_refusal()}
+
+    def refusal(self, row: Row, guidance_scale: float) -> str | None:
+        """Why this model cannot make the row as asked (None: it can)."""
+        return self.negative_prompt_refusal() if row.negative_prompt else None
 
     def call_arguments(self, rows: list[Row], width: int, height: int, steps: int, guidance_scale: float) -> dict:
         """The pipeline call for the rows, in the family's own terms."""

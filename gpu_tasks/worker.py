@@ -28,9 +28,11 @@ def _on_worker_ready(sender=None, **kwargs):
     from gpu_tasks.pipeline import get_model
     from scheduling import catalogue, heartbeats
 
+    caps: dict[str, dict | None] = {}
     for queue in gpu_queues:  # load each lane's model once, before its first batch
         version = catalogue.version_of_lane(queue[len(settings.QUEUE_GPU_PREFIX):])
         model = _load_model_or_exit(lambda v=version: get_model(v))
+        caps[queue] = model.capabilities() if hasattr(model, "capabilities") else None
         if settings.IMAGEGEN_WARM_UP and settings.IMAGEGEN_ACCELERATOR == "real":
             from gpu_tasks.pipeline import warm_up
 
@@ -38,7 +40,7 @@ def _on_worker_ready(sender=None, **kwargs):
     for queue in gpu_queues:
         lane = queue[len(settings.QUEUE_GPU_PREFIX):]
         runner_for(lane)  # its hand-off and lease threads start now
-        heartbeats.start(lane, WORKER_ID)
+        heartbeats.start(lane, WORKER_ID, caps[queue])
     log.info("GPU worker ready for %s", ", ".join(gpu_queues))
 
 

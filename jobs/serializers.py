@@ -103,10 +103,18 @@ class JobCreateSerializer(serializers.Serializer):
         assert served is not None  # validate_model
         attrs.setdefault("steps", served.default_steps)
         attrs.setdefault("guidance_scale", served.guidance_scale)
-        if attrs.get("negative_prompt") and not served.negative_prompt:
-            raise serializers.ValidationError(
-                {"negative_prompt": [f"{served.version} takes no negative prompt (its guidance is distilled in)"]}
-            )
+        if attrs.get("negative_prompt"):
+            if not served.negative_prompt:
+                raise serializers.ValidationError(
+                    {"negative_prompt": [f"{served.version} takes no negative prompt (its guidance is distilled in)"]}
+                )
+            from scheduling import heartbeats, lanes
+
+            # What the lane's live workers said of their model at load (a Flux checkpoint, say):
+            # refused here rather than as a failed job.
+            caps = heartbeats.capabilities(lanes.lane_of(served.version)) or {}
+            if caps.get("negative_prompt_refusal"):
+                raise serializers.ValidationError({"negative_prompt": [caps["negative_prompt_refusal"]]})
         if attrs["steps"] > served.max_steps:
             raise serializers.ValidationError(
                 {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}

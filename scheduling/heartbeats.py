@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -52,19 +53,38 @@ def live_workers(lane: str) -> list[str]:
     return list(r.zrangebyscore(workers_key(lane), now - HEARTBEAT_TTL, "+inf"))
 
 
-def _loop(lane: str, worker_id: str) -> None:
+def capabilities_key(lane: str) -> str:
+    return f"{PREFIX}capabilities:{lane}"
+
+
+def capabilities(lane: str) -> dict | None:
+    """What the lane's live workers said their model can honour (None: no worker said lately, or
+    Redis cannot say: the worker still refuses what its model cannot do)."""
+    try:
+        raw = get_redis().get(capabilities_key(lane))
+    except Exception:
+        log.warning("could not read the capabilities of lane %s", lane, exc_info=True)
+        return None
+    return json.loads(raw) if raw else None
+
+
+def _loop(lane: str, worker_id: str, caps: str | None) -> None:
     while not _stop.is_set():
         try:
             now = time.time()
             get_redis().zadd(workers_key(lane), {worker_id: now})
             get_redis().hset(busy_key(lane), worker_id, _busy_fraction(now))
+            if caps is not None:
+                get_redis().set(capabilities_key(lane), caps, ex=int(HEARTBEAT_TTL))
         except Exception:
             log.warning("heartbeat to Redis failed", exc_info=True)
         _stop.wait(HEARTBEAT_EVERY)
 
 
-def start(lane: str, worker_id: str) -> None:
-    threading.Thread(target=_loop, args=(lane, worker_id), name=f"heartbeat-{lane}", daemon=True).start()
+def start(lane: str, worker_id: str, caps: dict | None = None) -> None:
+    """Heartbeats for one lane every HEARTBEAT_EVERY seconds, with the lane's model capabilities."""
+    encoded = json.dumps(caps, sort_keys=True) if caps is not None else None
+    threading.Thread(target=_loop, args=(lane, worker_id, encoded), name=f"heartbeat-{lane}", daemon=True).start()
 
 
 def stop() -> None:

@@ -72,8 +72,19 @@ def test_each_family_is_served_end_to_end(family, family_models, start_worker, w
         steps = [e["step"] for e in seen if e["type"] == "progress"]
         assert row.status == "cancelled" and row.images.count() == 0
         assert steps and max(steps) < 60
-        if family == "flux":  # distilled guidance: a negative prompt is refused for that job alone
-            refused = submit(alice_api, lane, seed=13, negative_prompt="blurry")
+        if family == "flux":
+            # Distilled guidance: the lane's worker says it takes no negative prompt, so a job
+            # with one is a 400 at submit naming the field ...
+            payload = {"prompt": "a red circle", "width": 64, "height": 64, "steps": 3, "negative_prompt": "blurry"}
+            with admitted_to(lane):
+                response = alice_api.post("/api/v1/jobs", payload, format="json")
+            assert response.status_code == 400, response.content
+            assert "takes no negative prompt" in response.json()["negative_prompt"][0]
+            # ... and one admitted while no worker had said so is refused for that job alone.
+            from unittest import mock
+
+            with mock.patch("scheduling.heartbeats.capabilities", return_value=None):
+                refused = submit(alice_api, lane, seed=13, negative_prompt="blurry")
             row = wait_for_status(refused, ("failed",))
             assert "takes no negative prompt" in row.reason
     finally:
