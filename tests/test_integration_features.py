@@ -101,6 +101,21 @@ def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["reason"] == "deadline passed"
 
 
+def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderators_queue(workers, alice_api):
+    """A borderline prompt waits for a moderator before any GPU time: its deadline still holds
+    (the real reaper cancels it, uncharged), and the moderators' queue no longer lists it."""
+    from jobs.actions import review
+
+    job = alice_api.post("/api/v1/jobs", {**BODY, "prompt": "a red heart on a white background", "cancel_after": 2},
+                         format="json").json()
+    held = wait_for_status(job["id"], ("review", "cancelled"), timeout=30)
+    assert held.blocked_stage == "prompt"
+    done = wait_for_status(job["id"], ("cancelled",), timeout=30)
+    assert done.reason == "deadline passed"
+    assert done.started_at is None and done.charged_at is None
+    assert not review.review_queue().filter(id=done.id).exists()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_never_claims_a_job_past_its_deadline(alice):
     job = GenerationJob.objects.create(

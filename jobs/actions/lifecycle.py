@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -138,13 +138,16 @@ DEADLINE_REASON = "deadline passed"
 
 
 def cancel_past_deadline(now=None, limit: int = 500) -> int:
-    """Queued jobs not claimed by their deadline (cancel_after) end cancelled, reason "deadline
-    passed". Only from queued: a job a worker claimed first runs (and was charged); one never
-    claimed is never charged (jobs/usage.py charges at claim), and its reservation ends with it."""
+    """Jobs not claimed by their deadline (cancel_after) end cancelled, reason "deadline passed":
+    queued ones, and prompts held for a moderator (no GPU time spent yet; cancelled, the case
+    leaves the moderators' queue, its verdicts stay). A job a worker claimed first runs (and was
+    charged), and so does one whose images wait for review; one never claimed is never charged
+    (jobs/usage.py charges at claim), and its reservation ends with it."""
     now = now or timezone.now()
     cancelled = 0
-    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, deadline_at__lt=now)[:limit]:
-        if _transition(job.id, [JobStatus.QUEUED], JobStatus.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
+    unclaimed = Q(status=JobStatus.QUEUED) | Q(status=JobStatus.REVIEW, blocked_stage="prompt")
+    for job in GenerationJob.objects.filter(unclaimed, deadline_at__lt=now)[:limit]:
+        if _transition(job.id, [job.status], JobStatus.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
             cancelled += 1
             if job.scheduled_at is not None:
                 try:
