@@ -11,9 +11,12 @@ refusal at start, not as a wrong image at run time.
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 from django.conf import settings
+
+log = logging.getLogger(__name__)
 
 
 class ModelConfigError(Exception):
@@ -69,22 +72,41 @@ def detect(pipe) -> Family:
     return FAMILIES[PIPELINE_FAMILIES[name]]
 
 
-def callback_tensors(family: Family) -> list[str]:
+def callback_tensors(family: Family, cfg_cutoff: bool | None = None) -> list[str]:
     """The tensors the step callback asks for: latents (previews, cancel), plus what the CFG
-    cutoff rewrites when it is on."""
+    cutoff rewrites when it is on (`cfg_cutoff`: for this pass; None: IMAGEGEN_CFG_CUTOFF)."""
     if family.callback != "on_step_end":
         return []
     names = ["latents"]
-    if settings.IMAGEGEN_CFG_CUTOFF > 0 and family.cfg_cutoff:
+    if cfg_cutoff is None:
+        cfg_cutoff = settings.IMAGEGEN_CFG_CUTOFF > 0
+    if cfg_cutoff and family.cfg_cutoff:
         import diffusers.callbacks
 
         names += [n for n in getattr(diffusers.callbacks, family.cfg_cutoff).tensor_inputs if n not in names]
     return names
 
 
-def check(pipe, family: Family) -> list[str]:
-    """Every reason the settings cannot be honoured by this pipeline (empty: all is well)."""
+def check(pipe, family: Family, variants: dict[str, str] | None = None) -> list[str]:
+    """Every reason the settings cannot be honoured by this pipeline (empty: all is well);
+    `variants`: the lever variants its quality tiers bundle (tier -> variant). A tier's CFG
+    cutoff on a family without one is not a problem: it does not apply there (logged at load)."""
+    from gpu_tasks.levers import parse_variant
+
     problems: list[str] = []
+    tier_cutoff = False
+    for tier, variant in sorted((variants or {}).items()):
+        try:
+            levers = parse_variant(variant)
+        except ValueError as exc:
+            problems.append(f"the {tier} tier's levers {variant!r}: {exc}")
+            continue
+        if levers.get("cfg_cutoff", 0) > 0:
+            if family.cfg_cutoff is None:
+                log.info("the %s tier's %s does not apply to a %s model (no CFG cutoff): that tier runs without it",
+                         tier, variant, family.name)
+            else:
+                tier_cutoff = True
     params = inspect.signature(pipe.__call__).parameters
     wanted = settings.IMAGEGEN_MODEL_FAMILY
     if wanted and wanted != family.name:
@@ -95,7 +117,8 @@ def check(pipe, family: Family) -> list[str]:
             problems.append(f"{type(pipe).__name__} takes no callback_on_step_end: progress, previews and cancel need it")
         else:
             offered = set(getattr(pipe, "_callback_tensor_inputs", []))
-            missing = [n for n in callback_tensors(family) if n not in offered]
+            missing = [n for n in callback_tensors(family, settings.IMAGEGEN_CFG_CUTOFF > 0 or tier_cutoff)
+                       if n not in offered]
             if missing:
                 problems.append(f"{type(pipe).__name__} does not give the step callback {', '.join(missing)} "
                                 f"(it offers {', '.join(sorted(offered))})")

@@ -239,7 +239,8 @@ class Runner:
         if take_ahead and rows and batch.steps <= 1:
             self._take_ahead()  # no step callback before the pass ends
         try:
-            images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step)
+            variant = {"variant": batch.scheduler} if batch.scheduler else {}  # the jobs' levers (a quality tier's)
+            images = model.generate(rows, batch.width, batch.height, batch.steps, batch.guidance_scale, on_step, **variant)
         except (RedisError, DatabaseError) as exc:
             # Infrastructure, not the job: hand the jobs back to the reaper (lease ends now), so they
             # are requeued and generated again instead of failing for something they did not do.

@@ -5,6 +5,9 @@
   instead of two. diffusers' SDCFGCutoffCallback and its SDXL/SD3 variants keep `[-1:]` of the
   embeddings, the last row only, which is right at batch 1 and wrong for a batch; this keeps the
   conditional half of every tensor those callbacks name, so it holds for any batch.
+- Variants: the levers one job asks for, carried by the job and its batch (the `scheduler` field,
+  part of the shape and cache keys, so a pass never mixes variants): "cfg-cutoff=0.5". A
+  quality tier bundles them (IMAGEGEN_QUALITY_LEVERS); "" is the worker's own settings.
 - Text-encoder cache (IMAGEGEN_TEXT_CACHE_SIZE): the pipeline's encode_prompt, row by row,
   memoised on (model version, prompt, negative prompt, the call's other arguments), so a
   repeated prompt does not run the text encoders again.
@@ -21,6 +24,28 @@ from collections import OrderedDict
 
 from django.conf import settings
 
+# --- variants ------------------------------------------------------------------------------
+
+VARIANT_LEVERS = {"cfg-cutoff": "cfg_cutoff"}
+
+
+def parse_variant(variant: str) -> dict:
+    """The levers a variant names, {"cfg_cutoff": 0.5}; ValueError for anything else."""
+    levers: dict = {}
+    for part in filter(None, (p.strip() for p in (variant or "").split("+"))):
+        name, _, value = part.partition("=")
+        if name not in VARIANT_LEVERS or not value:
+            raise ValueError(f"unknown lever {part!r} (known: {', '.join(f'{k}=<value>' for k in VARIANT_LEVERS)})")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"lever {name} takes a number, not {value!r}") from None
+        if name == "cfg-cutoff" and not 0 <= number < 1:
+            raise ValueError(f"cfg-cutoff={value}: a fraction of the steps, 0 (off) <= it < 1")
+        levers[VARIANT_LEVERS[name]] = number
+    return levers
+
+
 # --- CFG cutoff ---------------------------------------------------------------------------
 
 
@@ -34,14 +59,18 @@ def cfg_steps(steps: int, guidance_scale: float, cutoff: float | None = None) ->
     return max(1, min(steps, round(steps * cutoff)))
 
 
-def cfg_cutoff(family, steps: int, guidance_scale: float):
-    """The step-end callback part that stops CFG after cfg_steps(...) steps, or None (off)."""
-    if settings.IMAGEGEN_CFG_CUTOFF <= 0 or family.cfg_cutoff is None or guidance_scale <= 1:
+def cfg_cutoff(family, steps: int, guidance_scale: float, cutoff: float | None = None):
+    """The step-end callback part that stops CFG after cfg_steps(...) steps, or None (off).
+    `cutoff`: the job's variant's (None: IMAGEGEN_CFG_CUTOFF, which the load check refuses for a
+    family without a cutoff). A tier's cutoff on such a family (Flux has no CFG to stop) is
+    not applicable: the pass runs without it."""
+    cutoff = settings.IMAGEGEN_CFG_CUTOFF if cutoff is None else cutoff
+    if cutoff <= 0 or guidance_scale <= 1 or family.cfg_cutoff is None:
         return None
     import diffusers.callbacks
 
     names = list(getattr(diffusers.callbacks, family.cfg_cutoff).tensor_inputs)
-    last_cfg_step = cfg_steps(steps, guidance_scale) - 1
+    last_cfg_step = cfg_steps(steps, guidance_scale, cutoff) - 1
     if last_cfg_step >= steps - 1:
         return None
 

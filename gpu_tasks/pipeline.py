@@ -74,7 +74,7 @@ class LoadedModel:
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.IMAGEGEN_DTYPE]
         self.pipe = AutoPipelineForText2Image.from_pretrained(str(self.path), local_files_only=True, torch_dtype=dtype)
         self.family = families.detect(self.pipe)
-        problems = families.check(self.pipe, self.family)
+        problems = families.check(self.pipe, self.family, tier_variants(version))
         if problems:
             raise families.ModelConfigError("; ".join(problems))
         self.pipe.set_progress_bar_config(disable=True)
@@ -156,11 +156,15 @@ class LoadedModel:
         steps: int,
         guidance_scale: float,
         on_step: StepCallback | None = None,
+        variant: str = "",
     ) -> list[Image.Image] | None:
-        """Run the rows as one batch. Returns None when on_step asked to stop."""
+        """Run the rows as one batch. Returns None when on_step asked to stop. `variant`: the
+        levers the batch's jobs asked for (gpu_tasks/levers.py; "": the worker's settings)."""
         import torch
 
         from gpu_tasks import families, levers
+
+        asked = levers.parse_variant(variant)
 
         for row in rows:
             why = self.refusal(row, guidance_scale)
@@ -173,7 +177,7 @@ class LoadedModel:
         kwargs["generator"] = [torch.Generator(device="cpu").manual_seed(int(row.seed)) for row in rows]
         stopped = False
         estimate = levers.CleanEstimate(self.pipe.scheduler) if settings.IMAGEGEN_PREVIEW_SOURCE == "x0" else None
-        cutoff = levers.cfg_cutoff(self.family, steps, guidance_scale)
+        cutoff = levers.cfg_cutoff(self.family, steps, guidance_scale, asked.get("cfg_cutoff"))
 
         def step_end(step_index: int, latents) -> bool:
             nonlocal stopped
@@ -192,7 +196,7 @@ class LoadedModel:
                 return out
 
             kwargs["callback_on_step_end"] = callback
-            kwargs["callback_on_step_end_tensor_inputs"] = families.callback_tensors(self.family)
+            kwargs["callback_on_step_end_tensor_inputs"] = families.callback_tensors(self.family, cutoff is not None)
         else:
             def legacy(step_index, timestep, latents):
                 if step_end(step_index, latents):
@@ -293,6 +297,17 @@ def apply_runtime_levers(pipe, family=None) -> None:
     if settings.IMAGEGEN_COMPILE:
         setattr(pipe, denoiser_name, torch.compile(getattr(pipe, denoiser_name), mode=settings.IMAGEGEN_COMPILE_MODE,
                                                    fullgraph=False))
+
+
+def tier_variants(version: str | None) -> dict[str, str]:
+    """The lever variants a served version's quality tiers bundle: IMAGEGEN_QUALITY_LEVERS for
+    the deployment's own version, its serving.json's `quality_levers` for another."""
+    from scheduling import catalogue
+
+    served = catalogue.get(version or settings.IMAGEGEN_MODEL_VERSION)
+    if served is None or served.default:
+        return dict(settings.IMAGEGEN_QUALITY_LEVERS)
+    return dict(served.quality_levers)
 
 
 def warm_up(model: LoadedModel) -> float:

@@ -70,7 +70,8 @@ class SimulatedModel:
     load_seconds = 0.0
 
     def generate(self, rows: list[Row], width: int, height: int, steps: int, guidance_scale: float,
-                 on_step: StepCallback | None = None) -> list[Image.Image] | None:
+                 on_step: StepCallback | None = None, variant: str = "") -> list[Image.Image] | None:
+        # A variant's levers (a CFG cutoff) are not priced by the cost model: the pass costs the same.
         per_step = step_seconds(len(rows), width, height)
         deadline = time.monotonic()
         out: list[Image.Image] = []

@@ -239,6 +239,18 @@ IMAGEGEN_DEFAULT_GUIDANCE = env_float("IMAGEGEN_DEFAULT_GUIDANCE", 5.0)
 IMAGEGEN_QUALITY_STEPS = {"low": 8, "medium": 20, "high": 40} | {
     tier.strip(): int(steps) for tier, steps in (item.split(":") for item in env_list("IMAGEGEN_QUALITY_STEPS", []))
 }
+# The levers a tier bundles on the default model, "low:cfg-cutoff=0.5" (gpu_tasks/levers.py
+# `variant`): a job of that tier runs its pass with them, in batches of its own, and its cache
+# entries are its own. Other served models take theirs from serving.json (`quality_levers`).
+# Measured (bench/quality_tiers.py, README "Measured"): at low's 8 steps the cutoff lifts colour
+# accuracy from 66% to 100% and is faster; at 20 and 40 steps it costs 14-16 points of shape
+# accuracy, so only low bundles it. "none" bundles nothing.
+IMAGEGEN_QUALITY_LEVERS = {
+    tier.strip(): variant.strip()
+    for tier, variant in (
+        item.split(":", 1) for item in env_list("IMAGEGEN_QUALITY_LEVERS", ["low:cfg-cutoff=0.5"]) if item != "none"
+    )
+}
 IMAGEGEN_MAX_PROMPT_CHARS = 2000
 
 # --- batch scheduler ---

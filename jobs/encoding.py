@@ -95,7 +95,7 @@ class ImageParameters:
             lines.append(f"Negative prompt: {self.negative_prompt}")
         fields = [("Steps", str(self.steps))]
         if self.scheduler:
-            fields.append(("Sampler", self.scheduler))
+            fields.append(("Levers", self.scheduler))  # a quality tier's (gpu_tasks/levers.py variants)
         fields += [
             ("CFG scale", f"{self.guidance_scale:g}"),
             ("Seed", str(self.seed)),
@@ -111,7 +111,7 @@ class ImageParameters:
             "prompt": self.prompt, "negativePrompt": self.negative_prompt, "seed": str(self.seed),
             "steps": str(self.steps), "guidanceScale": f"{self.guidance_scale:g}", "width": str(self.width),
             "height": str(self.height), "modelVersion": self.model_version, "jobId": self.job_id,
-            "scheduler": self.scheduler,
+            "levers": self.scheduler,
         }
 
 

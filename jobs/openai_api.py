@@ -251,12 +251,14 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
 def _native_data(attrs: dict) -> dict:
     """The OpenAI request as the native API's validated job data (same validation as POST /api/v1/jobs)."""
     width, height = (int(v) for v in attrs["size"].split("x"))
+    fields = openai_compat.native_fields(attrs)
+    variant = fields.pop("variant")  # the tier's levers: the server's choice, not the client's
     native = JobCreateSerializer(data={"prompt": attrs["prompt"], "width": width, "height": height, "count": attrs["n"],
-                                       **openai_compat.native_fields(attrs)})
+                                       **fields})
     if not native.is_valid():
         param, message = _first_message(native.errors)
         raise OpenAIError(400, message, param=param, code="invalid_value")
-    return native.validated_data
+    return {**native.validated_data, "variant": variant}
 
 
 _STOP_WAITING = (JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REVIEW)

@@ -13,6 +13,8 @@ steps of each tier are a setting per served model (IMAGEGEN_QUALITY_STEPS, docs/
 | high, hd           | 40                            |
 | auto (or absent)   | the server default (IMAGEGEN_DEFAULT_STEPS) |
 
+A tier also bundles levers (IMAGEGEN_QUALITY_LEVERS, default low: cfg-cutoff=0.5; a served model's
+serving.json `quality_levers`): the job carries them as its variant (gpu_tasks/levers.py).
 A served model's serving.json may give its own tiers (`quality_steps`), and IMAGEGEN_QUALITY_MODELS
 may send a tier to another served model when the request names no model (by default `low` goes
 to the shipped distilled student at its own steps: scheduling/catalogue.py).
@@ -55,6 +57,20 @@ def steps_for(quality: str | None, model: str | None = None) -> int:
     if tier is None or tier not in tiers:
         return default
     return max(settings.IMAGEGEN_MIN_STEPS, min(top, tiers[tier]))
+
+
+def variant_for(quality: str | None, model: str | None = None) -> str:
+    """The levers a tier bundles on the model (gpu_tasks/levers.py variants; "" for none): the
+    deployment's IMAGEGEN_QUALITY_LEVERS for the default model, a served model's own
+    `quality_levers` (serving.json) for another."""
+    from scheduling import catalogue
+
+    tier = _TIER_OF.get(quality or "")
+    if tier is None:
+        return ""
+    served = catalogue.get(model)
+    tiers = settings.IMAGEGEN_QUALITY_LEVERS if served is None or served.default else served.quality_levers
+    return tiers.get(tier, "")
 
 
 def event_quality(quality: str | None) -> str:
@@ -103,10 +119,10 @@ class OpenAIImageOptions(serializers.Serializer):
 def native_fields(attrs: dict) -> dict:
     """The native job's fields that these options set."""
     model = model_for(attrs.get("quality"), attrs.get("model"))
-    # A tier sent to another model runs at that model's own default steps; a named model runs
-    # the tier on its own scale.
-    steps = steps_for(attrs.get("quality") if attrs.get("model") or not model else None, model)
-    out: dict = {"steps": steps, "model": model,
+    # A tier sent to another model runs at that model's own default steps and levers; a named
+    # model runs the tier on its own scale.
+    tier = attrs.get("quality") if attrs.get("model") or not model else None
+    out: dict = {"steps": steps_for(tier, model), "model": model, "variant": variant_for(tier, model),
                  "output_format": attrs.get("output_format") or "png"}
     if attrs.get("output_compression") is not None:
         out["output_compression"] = attrs["output_compression"]

@@ -60,6 +60,7 @@ def regeneration_request(image: GeneratedImage) -> dict:
         "output_compression": job.output_compression,
         "regenerates": job.regenerates or job.id,
         "model": job.model_version,  # the same version: another would give other pixels
+        "variant": job.scheduler,  # the same levers (a quality tier's): others would too
     }
 
 

@@ -46,6 +46,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
         output_format=data.get("output_format") or "png",
         output_compression=data.get("output_compression"),
         regenerates=data.get("regenerates"),
+        scheduler=data.get("variant", ""),  # a quality tier's levers (gpu_tasks/levers.py)
         **_integration_fields(data),
     )
     job.model_version = data.get("model") or lanes.pick_version(job.id)

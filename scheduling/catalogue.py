@@ -43,6 +43,7 @@ class ServedModel:
     label: str
     default: bool  # the deployment's own version
     quality_steps: dict  # OpenAI quality tier -> steps on this model (jobs/openai_compat.py)
+    quality_levers: dict  # OpenAI quality tier -> lever variant on this model (gpu_tasks/levers.py)
     batch_caps: dict  # "WxH" -> images per pass (manage.py measure_batch_caps suggests them)
     fill_wait: float | None  # seconds a partial pass waits for more; None: IMAGEGEN_FILL_WAIT
     negative_prompt: bool  # False: the model ignores one (guidance distilled in), so a job with one is a 400
@@ -85,6 +86,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         label=str(prof.get("label", version)),
         default=default,
         quality_steps={str(k): int(v) for k, v in dict(prof.get("quality_steps", {})).items()},
+        quality_levers={str(k): str(v) for k, v in dict(prof.get("quality_levers", {})).items()},
         batch_caps={str(k): max(1, int(v)) for k, v in dict(prof.get("batch_caps", {})).items()},
         fill_wait=float(prof["fill_wait"]) if prof.get("fill_wait") is not None else None,
         negative_prompt=bool(prof.get("negative_prompt", True)),

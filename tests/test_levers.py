@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from django.test import override_settings
 
@@ -33,14 +34,15 @@ def load(path, **overrides) -> LoadedModel:
         return LoadedModel(path, "cpu")
 
 
-def denoiser_rows(model: LoadedModel, steps: int = 4, guidance: float = 5.0, **overrides) -> tuple[int, int]:
+def denoiser_rows(model: LoadedModel, steps: int = 4, guidance: float = 5.0, variant: str = "",
+                  **overrides) -> tuple[int, int]:
     """(denoiser calls, rows through the denoiser) for one pass of ROWS."""
     calls = []
     handle = model.denoiser.register_forward_pre_hook(lambda module, args, kwargs: calls.append(
         (args[0] if args else kwargs.get("hidden_states", kwargs.get("sample"))).shape[0]), with_kwargs=True)
     try:
         with override_settings(**overrides):
-            model.generate(ROWS, 64, 64, steps, guidance)
+            model.generate(ROWS, 64, 64, steps, guidance, variant=variant)
     finally:
         handle.remove()
     return len(calls), sum(calls)
@@ -59,7 +61,6 @@ def test_cfg_cutoff_keeps_each_row_its_own_prompt(tiny):
     """The cutoff keeps the conditional half of the batch (diffusers' own callbacks keep [-1:],
     the last row only): each image still follows its own prompt, whatever its company."""
     model = load(tiny("sd15"), IMAGEGEN_CFG_CUTOFF=0.5)
-    import numpy as np
 
     with override_settings(IMAGEGEN_CFG_CUTOFF=0.5):
         together = model.generate(ROWS, 64, 64, 4, 5.0)
@@ -83,7 +84,6 @@ def test_the_text_encoder_cache_skips_the_encoder_for_a_repeated_prompt(tiny):
         for hook in hooks:
             hook.remove()
     assert model.text_cache is not None and model.text_cache.hits >= len(ROWS)
-    import numpy as np
 
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(first, second, strict=True))
 
@@ -111,6 +111,7 @@ def test_first_block_cache_skips_the_remaining_blocks_of_similar_steps(tiny):
     ("sd3", {"IMAGEGEN_TRUE_CFG_SCALE": 2.0}, "IMAGEGEN_TRUE_CFG_SCALE=2.0 is for distilled-guidance"),
     ("flux", {"IMAGEGEN_ATTENTION": "classic"}, "IMAGEGEN_ATTENTION=classic"),
     ("sd15", {"IMAGEGEN_MODEL_FAMILY": "flux"}, "IMAGEGEN_MODEL_FAMILY=flux but IMAGEGEN_MODEL_PATH holds a sd15"),
+    ("sd15", {"IMAGEGEN_QUALITY_LEVERS": {"high": "warp=2"}}, "the high tier's levers 'warp=2': unknown lever"),
 ])
 def test_a_setting_the_family_cannot_honour_is_refused_at_load(tiny, family, overrides, named):
     with pytest.raises(ModelConfigError, match=re.escape(named)):
@@ -124,3 +125,74 @@ def test_quality_tiers_take_their_steps_from_the_served_models_setting(settings)
     assert [steps_for(q) for q in ("low", "medium", "standard", "high", "hd")] == [4, 12, 12, 30, 30]
     settings.IMAGEGEN_MAX_STEPS = 20
     assert steps_for("high") == 20  # still clipped to the server's limits
+
+
+def test_a_variant_names_its_levers_and_nothing_else():
+    from gpu_tasks.levers import parse_variant
+
+    assert parse_variant("") == {} and parse_variant("cfg-cutoff=0.5") == {"cfg_cutoff": 0.5}
+    for bad, why in (("cfg-cutoff=1.5", "0 (off) <= it < 1"), ("cfg-cutoff=half", "takes a number"),
+                     ("warp=2", "unknown lever"), ("cfg-cutoff", "unknown lever")):
+        with pytest.raises(ValueError, match=re.escape(why)):
+            parse_variant(bad)
+
+
+def test_a_jobs_variant_stops_cfg_for_its_pass_alone(tiny):
+    """The lever a tier bundles runs per pass: the same model without the setting halves the late
+    steps' rows for a pass whose variant asks, and no other. On a family without a cutoff (Flux:
+    no CFG to stop) the tier's cutoff does not apply: the model loads and the pass is unchanged."""
+    model = load(tiny("sd15"), IMAGEGEN_QUALITY_LEVERS={"low": "cfg-cutoff=0.5"})
+    assert denoiser_rows(model, variant="cfg-cutoff=0.5") == (4, 2 * 2 * len(ROWS) + 2 * len(ROWS))
+    assert denoiser_rows(model) == (4, 4 * 2 * len(ROWS))
+    flux = load(tiny("flux"), IMAGEGEN_QUALITY_LEVERS={"low": "cfg-cutoff=0.5"})
+    rows = [Row("j", 0, "a red circle", "", 1)]
+    assert np.array_equal(np.asarray(flux.generate(rows, 64, 64, 2, 5.0, variant="cfg-cutoff=0.5")[0]),
+                          np.asarray(flux.generate(rows, 64, 64, 2, 5.0)[0]))
+
+
+def test_quality_tiers_bundle_the_levers_of_the_model_they_run_on(settings):
+    from jobs.openai_compat import native_fields, variant_for
+
+    settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}
+    settings.IMAGEGEN_QUALITY_MODELS = {}
+    assert [variant_for(q) for q in ("low", "medium", "high", "auto", None)] == ["cfg-cutoff=0.5", "", "", "", ""]
+    assert native_fields({"quality": "low"})["variant"] == "cfg-cutoff=0.5"
+    assert native_fields({"quality": "high"})["variant"] == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_openai_request_of_a_tier_with_levers_runs_with_them_in_the_worker(workers, settings, alice):
+    """Through the real worker: the tier's job records its variant, runs in a batch of that
+    variant, and its pixels are those of the pass with the cutoff (the same seed in this
+    process, one thread like the worker), not those without it."""
+    import base64
+    import io
+
+    from PIL import Image
+    from rest_framework.test import APIClient
+
+    from jobs.encoding import read_parameters
+    from jobs.models import GenerationJob
+
+    settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}
+    settings.IMAGEGEN_QUALITY_MODELS = {}
+    settings.IMAGEGEN_QUALITY_STEPS = {"low": 4, "medium": 8, "high": 12}
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
+    prompt = "a red circle on a blue background, tier levers"
+    response = client.post("/v1/images/generations", {"prompt": prompt, "size": "64x64", "quality": "low",
+                                                      "response_format": "b64_json"}, format="json")
+    assert response.status_code == 200, response.content
+    job = GenerationJob.objects.get(owner=alice, prompt=prompt)
+    assert (job.scheduler, job.steps, job.status) == ("cfg-cutoff=0.5", 4, "done")
+    assert job.batch.scheduler == "cfg-cutoff=0.5"
+    data = base64.b64decode(response.json()["data"][0]["b64_json"])
+    assert read_parameters(data)["Levers"] == "cfg-cutoff=0.5"  # the file says how it was made
+    made = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    model = LoadedModel(settings.IMAGEGEN_MODEL_PATH, "cpu")
+    row = [Row("here", 0, prompt, "", job.seed)]
+    with_cutoff = np.asarray(model.generate(row, 64, 64, 4, job.guidance_scale, variant="cfg-cutoff=0.5")[0])
+    without = np.asarray(model.generate(row, 64, 64, 4, job.guidance_scale)[0])
+    assert not np.array_equal(with_cutoff, without)
+    assert np.abs(made.astype(int) - with_cutoff.astype(int)).max() < np.abs(made.astype(int) - without.astype(int)).max()
+    assert np.abs(made.astype(int) - with_cutoff.astype(int)).max() <= 1
