@@ -180,12 +180,12 @@ def web_cpu_seconds(web: subprocess.Popen) -> float:
 
 def make_users(n: int) -> list[tuple[int, str]]:
     from django.contrib.auth.models import User
-    from rest_framework.authtoken.models import Token
 
-    users = User.objects.bulk_create([User(username=f"load{k}") for k in range(n)])
+    from jobs.tokens import issue
+
+    User.objects.bulk_create([User(username=f"load{k}") for k in range(n)])
     users = list(User.objects.filter(username__startswith="load").order_by("id"))
-    tokens = Token.objects.bulk_create([Token(user=u, key=Token.generate_key()) for u in users])
-    return [(u.id, t.key) for u, t in zip(users, tokens, strict=True)]
+    return [(u.id, issue(u, name="api-load")) for u in users]
 
 
 def reset_queue() -> None:

@@ -255,6 +255,8 @@ class JobSerializer(serializers.ModelSerializer):
             "eta_seconds": self.get_eta_seconds(job),
             "queue_position": self.get_queue_position(job),
             "appeal": self.get_appeal(job),
+            "output_format": job.output_format,
+            "output_compression": None if job.output_compression is None else int(job.output_compression),
             "images": self.get_images(job),
             "events_url": self.get_events_url(job),
             "websocket_url": self.get_websocket_url(job),
@@ -269,8 +271,8 @@ _FAST_FIELDS = (
     "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
     "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
     "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
-    "eta_seconds", "queue_position", "appeal", "images", "events_url", "websocket_url",
-    "priority", "cancel_after", "deadline_at", "webhook_url",
+    "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
+    "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url",
 )
 
 
