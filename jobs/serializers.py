@@ -8,6 +8,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import GenerationJob, OutputFormat, Priority
+from jobs.openai_compat import QUALITIES
 from jobs.storage import image_url
 
 
@@ -37,6 +38,11 @@ class JobCreateSerializer(serializers.Serializer):
         required=False, allow_blank=True, default="", max_length=100,
         help_text="A served model version (GET /api/v1/models); absent: the default model. Its "
         "default steps and guidance apply when the request gives none.",
+    )
+    quality = serializers.ChoiceField(
+        choices=QUALITIES, required=False, allow_blank=True, default="",
+        help_text="A quality tier: its steps (unless `steps` is given), its levers, and with no `model` the tier's "
+        "model where the server sends one elsewhere (docs/api.md). Absent or auto: the model's defaults.",
     )
     output_format = serializers.ChoiceField(
         choices=OutputFormat.choices, required=False, default=OutputFormat.PNG,
@@ -99,8 +105,22 @@ class JobCreateSerializer(serializers.Serializer):
             field = "width" if width not in {w for w, _ in menu} else "height"
             raise serializers.ValidationError({field: [f"{width}x{height} is not on the size menu ({sizes})"]})
         attrs["width"], attrs["height"] = width, height
+        quality = attrs.get("quality") or ""
+        if quality and quality != "auto":
+            from jobs.openai_compat import model_for, steps_for, variant_for
+
+            named = attrs.get("model") or ""
+            model = model_for(quality, named)
+            if catalogue.get(model) is None:  # IMAGEGEN_QUALITY_MODELS names a version not served
+                model = named
+            # A tier the server sends to another model runs at that model's defaults; on the
+            # model asked for (or the default) it brings its steps and its levers.
+            tier = quality if named or not model else None
+            if tier is not None and "steps" not in attrs:
+                attrs["steps"] = steps_for(tier, model)
+            attrs["model"], attrs["variant"] = model, variant_for(tier, model)
         served = catalogue.get(attrs.get("model"))
-        assert served is not None  # validate_model
+        assert served is not None  # validate_model; a tier's model is served (catalogue)
         attrs.setdefault("steps", served.default_steps)
         attrs.setdefault("guidance_scale", served.guidance_scale)
         if attrs.get("negative_prompt"):

@@ -196,3 +196,27 @@ def test_an_openai_request_of_a_tier_with_levers_runs_with_them_in_the_worker(wo
     assert not np.array_equal(with_cutoff, without)
     assert np.abs(made.astype(int) - with_cutoff.astype(int)).max() < np.abs(made.astype(int) - without.astype(int)).max()
     assert np.abs(made.astype(int) - with_cutoff.astype(int)).max() <= 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_native_api_takes_a_quality_tier_too(settings, alice_api):
+    """`quality` on POST /api/v1/jobs: the tier's steps unless the request gives its own, its
+    levers either way; an unknown tier is a 400 naming the field."""
+    from jobs.models import GenerationJob
+
+    settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}
+    settings.IMAGEGEN_QUALITY_MODELS = {}
+    settings.IMAGEGEN_QUALITY_STEPS = {"low": 6, "medium": 12, "high": 24}
+    body = {"prompt": "a red circle on a blue background", "width": 64, "height": 64}
+    made = {}
+    for name, extra in (("low", {"quality": "low"}), ("low-own-steps", {"quality": "low", "steps": 3}),
+                        ("high", {"quality": "high"}), ("none", {})):
+        response = alice_api.post("/api/v1/jobs", {**body, **extra}, format="json")
+        assert response.status_code == 202, response.content
+        made[name] = GenerationJob.objects.get(id=response.json()["id"])
+    assert (made["low"].steps, made["low"].scheduler) == (6, "cfg-cutoff=0.5")
+    assert (made["low-own-steps"].steps, made["low-own-steps"].scheduler) == (3, "cfg-cutoff=0.5")
+    assert (made["high"].steps, made["high"].scheduler) == (24, "")
+    assert (made["none"].steps, made["none"].scheduler) == (settings.IMAGEGEN_DEFAULT_STEPS, "")
+    response = alice_api.post("/api/v1/jobs", {**body, "quality": "ultra"}, format="json")
+    assert response.status_code == 400 and "quality" in response.json(), response.content
