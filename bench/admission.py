@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import pct  # noqa: E402
+from bench.common import pct, wait_web  # noqa: E402
 from scripts.procs import free_port  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -282,20 +282,6 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
         "done_in_submit_answer": sum(1 for a in answers if a["code"] == 202 and a["body"].get("status") == "done"),
         "images_generated": images_generated, "gpu_seconds": round(gpu_seconds, 2), "seconds": round(time.time() - t0, 1),
     }
-
-
-def wait_web(base_url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base_url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the web server did not come up")
 
 
 def main() -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import pct  # noqa: E402
+from bench.common import pct  # noqa: E402
 from scripts.procs import free_port, stop_group  # noqa: E402
 from scripts.run import web_command, web_processes  # noqa: E402
 from scripts.stack import Stack  # noqa: E402

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.stats import pct  # noqa: E402
+from bench.common import pct, wait_web  # noqa: E402
 from scripts.procs import free_port  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -49,20 +49,6 @@ def jain(xs: list[float]) -> float | None:
     if not xs or not any(xs):
         return None
     return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
-
-
-def wait_web(base_url: str, timeout: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(base_url + "/healthz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the web server did not come up")
 
 
 def run(a, fair: bool) -> dict:

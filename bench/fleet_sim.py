@@ -109,6 +109,14 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
             start(gpu, now, shape, taken)
         return True
 
+    def start_idle(now: float) -> None:
+        """Idle GPUs take work while there is some (an arrival may let one start at once)."""
+        while idle and buckets:
+            free = idle.pop()
+            if not dispatch(free, now):
+                idle.append(free)
+                break
+
     def start(gpu: int, now: float, shape: str, taken: list) -> None:
         nonlocal busy_seconds, images_done
         n = sum(e[1] for e in taken)
@@ -162,11 +170,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
                     job_seq += 1
                     policy.push(buckets, shape, (str(job_seq), count, t_arrival, str(job_seq), policy.BATCH))
                     queued_batch_seconds += cost
-                    while idle and buckets:
-                        free = idle.pop()
-                        if not dispatch(free, t_arrival):
-                            idle.append(free)
-                            break
+                    start_idle(t_arrival)
                 next_arrival += 1
                 continue
             offered_per_hour[int(t_arrival // 3600)] += cost
@@ -185,11 +189,7 @@ def simulate(gpus: int, images_per_day: float, hours: float, gpu_s_per_image: fl
             job_seq += 1
             policy.push(buckets, shape, (str(job_seq), count, t_arrival, str(job_seq), policy.INTERACTIVE))
             queued_seconds += cost
-            while idle and buckets:
-                free = idle.pop()
-                if not dispatch(free, t_arrival):
-                    idle.append(free)
-                    break
+            start_idle(t_arrival)
             next_arrival += 1
     wall = time.perf_counter() - started
     seconds = horizon

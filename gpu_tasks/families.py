@@ -72,14 +72,12 @@ def detect(pipe) -> Family:
     return FAMILIES[PIPELINE_FAMILIES[name]]
 
 
-def callback_tensors(family: Family, cfg_cutoff: bool | None = None) -> list[str]:
+def callback_tensors(family: Family, cfg_cutoff: bool) -> list[str]:
     """The tensors the step callback asks for: latents (previews, cancel), plus what the CFG
-    cutoff rewrites when it is on (`cfg_cutoff`: for this pass; None: IMAGEGEN_CFG_CUTOFF)."""
+    cutoff rewrites when it is on (`cfg_cutoff`)."""
     if family.callback != "on_step_end":
         return []
     names = ["latents"]
-    if cfg_cutoff is None:
-        cfg_cutoff = settings.IMAGEGEN_CFG_CUTOFF > 0
     if cfg_cutoff and family.cfg_cutoff:
         import diffusers.callbacks
 

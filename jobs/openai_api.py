@@ -251,14 +251,12 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
 def _native_data(attrs: dict) -> dict:
     """The OpenAI request as the native API's validated job data (same validation as POST /api/v1/jobs)."""
     width, height = (int(v) for v in attrs["size"].split("x"))
-    fields = openai_compat.native_fields(attrs)
-    variant = fields.pop("variant")  # the tier's levers: the server's choice, not the client's
     native = JobCreateSerializer(data={"prompt": attrs["prompt"], "width": width, "height": height, "count": attrs["n"],
-                                       **fields})
+                                       **openai_compat.native_fields(attrs)})
     if not native.is_valid():
         param, message = _first_message(native.errors)
         raise OpenAIError(400, message, param=param, code="invalid_value")
-    return {**native.validated_data, "variant": variant}
+    return native.validated_data
 
 
 _STOP_WAITING = (JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.REVIEW)

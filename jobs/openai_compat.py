@@ -117,12 +117,9 @@ class OpenAIImageOptions(serializers.Serializer):
 
 
 def native_fields(attrs: dict) -> dict:
-    """The native job's fields that these options set."""
-    model = model_for(attrs.get("quality"), attrs.get("model"))
-    # A tier sent to another model runs at that model's own default steps and levers; a named
-    # model runs the tier on its own scale.
-    tier = attrs.get("quality") if attrs.get("model") or not model else None
-    out: dict = {"steps": steps_for(tier, model), "model": model, "variant": variant_for(tier, model),
+    """The native job's fields that these options set. The quality tier goes through as the
+    native `quality`: the native serializer turns it into steps, model and levers, for both routes."""
+    out: dict = {"quality": attrs.get("quality") or "", "model": attrs.get("model") or "",
                  "output_format": attrs.get("output_format") or "png"}
     if attrs.get("output_compression") is not None:
         out["output_compression"] = attrs["output_compression"]

@@ -8,7 +8,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from jobs.models import GenerationJob, OutputFormat, Priority
-from jobs.openai_compat import QUALITIES
+from jobs.openai_compat import QUALITIES, model_for, steps_for, variant_for
 from jobs.storage import image_url
 
 
@@ -107,8 +107,6 @@ class JobCreateSerializer(serializers.Serializer):
         attrs["width"], attrs["height"] = width, height
         quality = attrs.get("quality") or ""
         if quality and quality != "auto":
-            from jobs.openai_compat import model_for, steps_for, variant_for
-
             named = attrs.get("model") or ""
             model = model_for(quality, named)
             if catalogue.get(model) is None:  # IMAGEGEN_QUALITY_MODELS names a version not served

@@ -49,16 +49,12 @@ def publish_batch(self, lane: str, batch_id: str) -> list[str]:
     try:
         return publish(batch_id)
     except Exception as exc:
-        from django.conf import settings
-
-        def backoff(retry: int) -> float:
-            return min(settings.IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF, 2.0 ** min(retry, 16))
-
-        waited = sum(backoff(i) for i in range(self.request.retries))
+        waited = sum(_publish_backoff(i) for i in range(self.request.retries))
         if not is_transient(exc) or waited > PUBLISH_RETRY_SECONDS:
             raise
         from datetime import timedelta
 
+        from django.conf import settings
         from django.utils import timezone
 
         # Storage is away: keep the stage's lease (the reaper must not count this as a lost
@@ -67,7 +63,14 @@ def publish_batch(self, lane: str, batch_id: str) -> list[str]:
             lease_expires_at=timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS + settings.IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF)
         )
         log.warning("publishing batch %s failed (%s); retrying", batch_id, exc, extra={"batch_id": batch_id, "stage": "publish"})
-        raise self.retry(exc=exc, countdown=backoff(self.request.retries)) from exc
+        raise self.retry(exc=exc, countdown=_publish_backoff(self.request.retries)) from exc
+
+
+def _publish_backoff(retry: int) -> float:
+    """Seconds before publish retry `retry` + 1: doubling from 1 s, at most IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF."""
+    from django.conf import settings
+
+    return min(settings.IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF, 2.0 ** min(retry, 16))
 
 
 @shared_task(name="jobs.tasks.reap")

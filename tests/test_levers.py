@@ -152,12 +152,15 @@ def test_a_jobs_variant_stops_cfg_for_its_pass_alone(tiny):
 
 def test_quality_tiers_bundle_the_levers_of_the_model_they_run_on(settings):
     from jobs.openai_compat import native_fields, variant_for
+    from jobs.serializers import JobCreateSerializer
 
     settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}
     settings.IMAGEGEN_QUALITY_MODELS = {}
     assert [variant_for(q) for q in ("low", "medium", "high", "auto", None)] == ["cfg-cutoff=0.5", "", "", "", ""]
-    assert native_fields({"quality": "low"})["variant"] == "cfg-cutoff=0.5"
-    assert native_fields({"quality": "high"})["variant"] == ""
+    for quality, variant in (("low", "cfg-cutoff=0.5"), ("high", "")):
+        native = JobCreateSerializer(data={"prompt": "p", **native_fields({"quality": quality})})
+        assert native.is_valid(), native.errors
+        assert native.validated_data.get("variant", "") == variant
 
 
 @pytest.mark.django_db(transaction=True)

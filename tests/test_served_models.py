@@ -117,10 +117,17 @@ def test_openai_models_list_both_and_a_quality_tier_can_pick_the_fast_model(fast
     assert alice_api.get(f"/v1/models/{FAST}").json()["id"] == FAST
     assert alice_api.get("/v1/models/nope").status_code == 404
     settings.IMAGEGEN_QUALITY_MODELS = {"low": FAST}
-    assert openai_compat.native_fields({"quality": "low"})["model"] == FAST
-    assert openai_compat.native_fields({"quality": "low"})["steps"] == 2  # the fast model's default
-    assert openai_compat.native_fields({"quality": "high", "model": FAST})["steps"] == 4  # its own tiers
-    assert openai_compat.native_fields({"quality": "high"})["model"] == ""  # the default model
+    from jobs.serializers import JobCreateSerializer
+
+    def job(**openai_attrs) -> dict:  # the native job data an OpenAI request becomes
+        native = JobCreateSerializer(data={"prompt": "a red circle", **openai_compat.native_fields(openai_attrs)})
+        assert native.is_valid(), native.errors
+        return native.validated_data
+
+    assert job(quality="low")["model"] == FAST
+    assert job(quality="low")["steps"] == 2  # the fast model's default
+    assert job(quality="high", model=FAST)["steps"] == 4  # its own tiers
+    assert job(quality="high")["model"] == ""  # the default model
     r = alice_api.post("/v1/images/generations", {"prompt": "a red circle", "model": "nope"}, format="json")
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
 

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from training.shapes_data import caption_for, random_gt
+from training.train import replace_folder
 
 TRAJ_SEED = 777_000          # captions + noise of the teacher trajectories (training used 1234)
 VAL_SEED = 888_000           # held-out validation trajectories
@@ -274,15 +275,7 @@ def export(teacher_path: str, teacher, student_sd: dict, out: Path, info: dict) 
     # the VAE is the teacher's, unchanged, so its preview map is too
     shutil.copy(Path(teacher_path) / "preview_decoder.json", tmp / "preview_decoder.json")
     (tmp / "training_info.json").write_text(json.dumps(info, indent=1))
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
+    replace_folder(tmp, out)
     for d, _, files in os.walk(out):                   # mkdtemp made it private
         os.chmod(d, 0o755)
         for f in files:

@@ -247,6 +247,11 @@ def save_pipeline(out: Path, vae, text_encoder, tokenizer, unet, preview: dict |
     if preview is not None:
         (tmp / "preview_decoder.json").write_text(json.dumps(preview, indent=1))
     (tmp / "training_info.json").write_text(json.dumps(meta, indent=1))
+    replace_folder(tmp, out)
+
+
+def replace_folder(tmp: Path, out: Path) -> None:
+    """Put the finished folder `tmp` at `out`, whole: a reader sees the old model or the new one."""
     old = None
     if out.exists():
         old = out.with_name(out.name + ".old")
