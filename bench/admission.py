@@ -117,7 +117,7 @@ def first_version_eta(body: dict) -> float | None:
     from django.conf import settings
 
     from imagegen.redis_client import get_redis
-    from jobs.admission import active_gpus
+    from jobs.admission.control import active_gpus
     from jobs.models import GenerationJob
     from scheduling import scheduler
     from scheduling.costs import COST_KEY, seconds_per_image
@@ -247,7 +247,7 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
     from django.db.models import Sum
 
     from imagegen.redis_client import PREFIX, get_redis
-    from jobs import cache
+    from jobs.media import cache
     from jobs.models import Batch, GenerationJob
 
     r = get_redis()

@@ -181,7 +181,7 @@ def web_cpu_seconds(web: subprocess.Popen) -> float:
 def make_users(n: int) -> list[tuple[int, str]]:
     from django.contrib.auth.models import User
 
-    from jobs.tokens import issue
+    from jobs.access.tokens import issue
 
     User.objects.bulk_create([User(username=f"load{k}") for k in range(n)])
     users = list(User.objects.filter(username__startswith="load").order_by("id"))

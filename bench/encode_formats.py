@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from jobs.encoding import ImageParameters, encode
+    from jobs.media.encoding import ImageParameters, encode
 
     params = ImageParameters("a red circle on a blue background", "blurry", 7, 30, 5.0, 0, 0, "bench", "job")
     rows = []

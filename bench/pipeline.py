@@ -132,8 +132,8 @@ def run_row(name: str, s3: SeaweedS3, label: str) -> dict:
     from jobs.models import Batch
 
     try:
-        from jobs.submit import submit_job
-    except ImportError:  # the serial path, before jobs/submit.py
+        from jobs.pipeline.submit import submit_job
+    except ImportError:  # the serial path, before jobs/pipeline/submit.py
         from jobs.actions import submit_job  # type: ignore[no-redef]
 
     try:

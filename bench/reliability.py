@@ -74,7 +74,7 @@ def user_token(username: str) -> str:
     issues one."""
     from django.contrib.auth import get_user_model
 
-    from jobs.tokens import issue
+    from jobs.access.tokens import issue
 
     user, _ = get_user_model().objects.get_or_create(username=username)
     return issue(user, name="bench")
@@ -112,8 +112,8 @@ def audit(ids) -> dict:
     rows without bytes, delivered images without an allow verdict."""
     from django.db.models import Count
 
+    from jobs.media.storage import storage_for_tier
     from jobs.models import GeneratedImage, GenerationJob
-    from jobs.storage import storage_for_tier
     from safety.models import SafetyVerdict
 
     jobs = list(GenerationJob.objects.filter(id__in=ids))
@@ -512,7 +512,7 @@ def scenario_storage(owner, workdir: Path) -> dict:
     from django.test import override_settings
     from PIL import Image
 
-    import jobs.storage
+    import jobs.media.storage
     from gpu_tasks import generate
     from gpu_tasks.pipeline import Row
     from jobs import actions
@@ -543,7 +543,7 @@ def scenario_storage(owner, workdir: Path) -> dict:
                 canceller.start()
             with override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=4, IMAGEGEN_UPLOAD_BACKOFF=0.01,
                                    IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF=0.2), \
-                    mock.patch.object(jobs.storage, "quarantine_storage", return_value=storage), \
+                    mock.patch.object(jobs.media.storage, "quarantine_storage", return_value=storage), \
                     mock.patch.object(generate, "quarantine_storage", return_value=storage), \
                     mock.patch.object(generate, "send_stage"):
                 runner._hand_off(item)
@@ -702,7 +702,7 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
     st, odd_text, body = fuzz_strategies()
     stats = {"requests": 0, "5xx": 0, "by_status": {}, "rows_from_invalid": 0, "accepted": 0, "accepted_bad_owner": 0,
              "failures": []}
-    owner_id = __import__("jobs.tokens", fromlist=["user_for_token"]).user_for_token(token).pk
+    owner_id = __import__("jobs.access.tokens", fromlist=["user_for_token"]).user_for_token(token).pk
 
     def record(what: str, call) -> int:
         stats["requests"] += 1

@@ -121,7 +121,7 @@ def blocked_loop(base: str, victim: str, abuser: str, baseline_s: float, abuse_s
             break
         time.sleep(0.5)
     rows = {str(j.id): j for j in GenerationJob.objects.filter(id__in=ids)}
-    from jobs.tokens import user_for_token
+    from jobs.access.tokens import user_for_token
     from safety.models import SafetyVerdict
 
     checks = SafetyVerdict.objects.filter(stage="prompt", job__owner_id=user_for_token(abuser).pk).count()

@@ -9,7 +9,7 @@ Celery worker; it submits the jobs, connects every watcher while the jobs wait i
 and only then starts the GPU worker, so every watcher is subscribed before step 1.
 
 Latency: each progress event carries `sent_at` (time.time() when the worker's step callback
-published it, jobs/events.py); a watcher records time.time() on receipt. Both ends are on
+published it, jobs/realtime/events.py); a watcher records time.time() on receipt. Both ends are on
 this machine, so receipt - sent_at is the worker -> Redis channel layer -> daphne -> socket
 -> client latency. The report splits the latency: in the worker
 (stamp -> the channel layer's group_send), to the first watcher of a job and step, and the

@@ -43,10 +43,12 @@ from redis.exceptions import RedisError
 from gpu_tasks.pipeline import Row, get_model
 from gpu_tasks.previews import PreviewGate
 from imagegen import metrics
-from jobs import actions, encoding, events
+from jobs import actions
+from jobs.media import encoding
+from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
 from jobs.models import Batch, GeneratedImage, GenerationJob
-from jobs.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
-from jobs.tasks import send_stage
+from jobs.pipeline.tasks import send_stage
+from jobs.realtime import events
 from scheduling import catalogue, costs, heartbeats, scheduler
 
 log = logging.getLogger(__name__)
@@ -363,7 +365,7 @@ class Runner:
             send_stage("classify", self.lane, str(batch.id))
 
     def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
-        # Encoded once, in the job's format, with its parameters in the file (jobs/encoding.py).
+        # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py).
         encoded = encoding.encode(image, job.output_format, job.output_compression,
                                   encoding.ImageParameters.of(job, row.seed))
         backoff = settings.IMAGEGEN_UPLOAD_BACKOFF

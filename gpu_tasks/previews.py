@@ -18,7 +18,8 @@ import time
 from PIL import Image
 
 from imagegen import metrics
-from jobs import encoding, events
+from jobs.media import encoding
+from jobs.realtime import events
 from safety import image_gate
 
 log = logging.getLogger(__name__)

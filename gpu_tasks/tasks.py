@@ -30,9 +30,9 @@ def run_batch(lane: str) -> list[str]:
              max_retries=None)
 def classify_batch(self, lane: str, batch_id: str) -> bool:
     """The image gate on a batch; then its publish stage."""
-    from gpu_tasks.classify import classify
-    from jobs.storage import is_transient
-    from jobs.tasks import send_stage
+    from jobs.media.storage import is_transient
+    from jobs.pipeline.classify import classify
+    from jobs.pipeline.tasks import send_stage
 
     try:
         moved_on = classify(batch_id)

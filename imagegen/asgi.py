@@ -23,9 +23,9 @@ from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.urls import Resolver404, get_resolver  # noqa: E402
 
 from imagegen.threaded_http import ThreadedWSGI  # noqa: E402
-from jobs.client_gone import ClientGone  # noqa: E402
-from jobs.routing import websocket_urlpatterns  # noqa: E402
-from jobs.ws_auth import TokenOrSessionAuthMiddleware  # noqa: E402
+from jobs.api.client_gone import ClientGone  # noqa: E402
+from jobs.realtime.auth import TokenOrSessionAuthMiddleware  # noqa: E402
+from jobs.realtime.routing import websocket_urlpatterns  # noqa: E402
 
 # Async views (the OpenAI-compatible wait, SSE) run on the event loop; ClientGone tells a waiting
 # view its client has left (Django cannot cancel it past the sync-only WhiteNoise middleware).

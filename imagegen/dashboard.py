@@ -19,7 +19,7 @@ KEEP = 60
 def current_figures() -> dict:
     from imagegen import metrics
     from jobs.actions import review_queue
-    from jobs.cache import stats
+    from jobs.media.cache import stats
     from safety.models import SafetyVerdict
     from scheduling import scheduler
     from scheduling.costs import COST_KEY, seconds_per_image

@@ -27,7 +27,7 @@ class ImagegenCollector:
         yield from self._database()
 
     def _counters(self):
-        from jobs.cache import stats
+        from jobs.media.cache import stats
 
         counters = metrics.read_counters()
         cache = stats()

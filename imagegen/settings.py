@@ -65,7 +65,7 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # 503 + Retry-After instead of 500 for plain views when the database or Redis is down.
-    "jobs.api_errors.ServiceUnavailableMiddleware",
+    "jobs.api.errors.ServiceUnavailableMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -151,7 +151,7 @@ IMAGEGEN_WEB_QUEUE_TIMEOUT = env_float("IMAGEGEN_WEB_QUEUE_TIMEOUT", 2.0)
 # connection, then the answer is 429 (busy), never "Too many connections".
 IMAGEGEN_REDIS_POOL_SIZE = env_int("IMAGEGEN_REDIS_POOL_SIZE", IMAGEGEN_WEB_THREADS + 8)
 IMAGEGEN_REDIS_POOL_TIMEOUT = env_float("IMAGEGEN_REDIS_POOL_TIMEOUT", 2.0)
-# The wait-estimate summary (jobs/queue_summary.py): an entry is refreshed when older than 20
+# The wait-estimate summary (jobs/admission/summary.py): an entry is refreshed when older than 20
 # times its own compute time (at most 1/20 of a core per entry), and never used older than this.
 IMAGEGEN_SUMMARY_MAX_AGE = env_float("IMAGEGEN_SUMMARY_MAX_AGE", 30.0)
 
@@ -163,7 +163,7 @@ STORAGES: dict[str, dict] = {
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"
-IMAGEGEN_CDN_PURGE_HOOK = env_str("IMAGEGEN_CDN_PURGE_HOOK", "jobs.cdn:log_purge")
+IMAGEGEN_CDN_PURGE_HOOK = env_str("IMAGEGEN_CDN_PURGE_HOOK", "jobs.media.cdn:log_purge")
 
 # --- the served model ---
 _shipped_model = BASE_DIR / "models" / "shapes-v1"
@@ -280,7 +280,7 @@ IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)
 IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
 # user (default): an entry serves only its owner; global-unseeded: requests without a seed are
 # shared; global: all are. A shared cache tells anyone whether someone asked for the same thing
-# (jobs/cache.py, README "Limits and abuse").
+# (jobs/media/cache.py, README "Limits and abuse").
 IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "user", ("user", "global-unseeded", "global"))
 IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
 IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
@@ -302,7 +302,7 @@ IMAGEGEN_USER_MAX_STREAMS = env_int("IMAGEGEN_USER_MAX_STREAMS", 32)
 # Watchers re-read their job's row this often (a final event lost with Redis still arrives),
 # and each web process re-joins the job's channel-layer group (a restarted Redis forgot it).
 IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
-# API request rates (DRF throttles counted in the shared Redis, jobs/throttles.py): per
+# API request rates (DRF throttles counted in the shared Redis, jobs/access/throttles.py): per
 # signed-in user (all their tokens and sessions) and per client IP; "off" disables one.
 IMAGEGEN_THROTTLE_USER = env_rate("IMAGEGEN_THROTTLE_USER", "120/min")
 IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
@@ -353,15 +353,15 @@ CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
 # (imagegen/celery_routes.py). The stages of one job: check_prompt (cpu) -> run_batch
 # (gpu.<lane>) -> classify_batch (classify) -> publish_batch (io).
 IMAGEGEN_TASK_QUEUES = {
-    "jobs.tasks.check_prompt": QUEUE_CPU,
+    "jobs.pipeline.tasks.check_prompt": QUEUE_CPU,
     "gpu_tasks.tasks.run_batch": QUEUE_GPU_PREFIX + "{lane}",
     "gpu_tasks.tasks.classify_batch": QUEUE_CLASSIFY,
-    "jobs.tasks.publish_batch": QUEUE_IO,
-    "jobs.tasks.reap": QUEUE_CPU,
+    "jobs.pipeline.tasks.publish_batch": QUEUE_IO,
+    "jobs.pipeline.tasks.reap": QUEUE_CPU,
     "imagegen.dashboard.sample_figures": QUEUE_CPU,
-    "jobs.retention.run_retention": QUEUE_IO,
-    "jobs.cdn.retry_purge": QUEUE_IO,
-    "jobs.tasks.deliver_webhook": QUEUE_IO,
+    "jobs.pipeline.retention.run_retention": QUEUE_IO,
+    "jobs.media.cdn.retry_purge": QUEUE_IO,
+    "jobs.pipeline.tasks.deliver_webhook": QUEUE_IO,
 }
 CELERY_TASK_ROUTES = ("imagegen.celery_routes.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -374,7 +374,7 @@ CELERY_BROKER_POOL_LIMIT = IMAGEGEN_WEB_THREADS + 4
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
-    "reap": {"task": "jobs.tasks.reap", "schedule": IMAGEGEN_REAPER_INTERVAL},
+    "reap": {"task": "jobs.pipeline.tasks.reap", "schedule": IMAGEGEN_REAPER_INTERVAL},
     "sample-figures": {"task": "imagegen.dashboard.sample_figures", "schedule": 60.0},
 }
 
@@ -389,15 +389,15 @@ CHANNEL_LAYERS = {
 REST_FRAMEWORK = {
     # Token first, so a request without credentials gets 401 with WWW-Authenticate.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "jobs.tokens.HashedTokenAuthentication",
+        "jobs.access.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["jobs.throttles.UserRateThrottle", "jobs.throttles.IPRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.access.throttles.UserRateThrottle", "jobs.access.throttles.IPRateThrottle"],
     "NUM_PROXIES": IMAGEGEN_NUM_PROXIES,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "EXCEPTION_HANDLER": "jobs.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
 }
 
 LOGGING = {
@@ -415,7 +415,7 @@ LOGGING = {
 
 # --- API schema and docs (drf-spectacular; Swagger UI served locally by the sidecar) ---
 INSTALLED_APPS += ["drf_spectacular", "drf_spectacular_sidecar"]
-REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "jobs.schema.ImagegenAutoSchema"
+REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] = "jobs.api.schema.ImagegenAutoSchema"
 SPECTACULAR_SETTINGS = {
     "TITLE": "imagegen API",
     "DESCRIPTION": (
@@ -437,13 +437,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "persistAuthorization": True},
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus", "OutputFormatEnum": "jobs.models.OutputFormat"},
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.schema.document_plain_views"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.api.schema.document_plain_views"],
 }
 
 # --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
 IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
 
-# --- integration: idempotent submits, signed webhooks (jobs/idempotency.py, jobs/webhooks.py) ---
+# --- integration: idempotent submits, signed webhooks (jobs/api/idempotency.py, jobs/webhooks/delivery.py) ---
 IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
 IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
 IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
@@ -507,7 +507,7 @@ def s3_storages(
     from botocore.config import Config
 
     def config():
-        # botocore retries a little itself; jobs.storage.store_bytes adds the bounded backoff.
+        # botocore retries a little itself; jobs.media.storage.store_bytes adds the bounded backoff.
         return Config(
             s3={"addressing_style": addressing_style},
             retries={"max_attempts": 2, "mode": "standard"},
@@ -588,6 +588,6 @@ IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
 IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
-CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.retention", "jobs.cdn", "imagegen.dashboard",
-                  "jobs.queue_summary"]  # its refresher thread starts on the cpu workers
-CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.pipeline.tasks", "jobs.pipeline.retention", "jobs.media.cdn", "imagegen.dashboard",
+                  "jobs.admission.summary"]  # its refresher thread starts on the cpu workers
+CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.pipeline.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

@@ -4,9 +4,18 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from imagegen import dashboard, health
 from imagegen.metrics_view import metrics_view
-from jobs import account_views, delete_views, openai_api, openai_compat, regenerate, signin, sse, staff_views, views, web
+from jobs.access import signin
+from jobs.api import account as account_views
+from jobs.api import delete as delete_views
+from jobs.api import page as web
+from jobs.api import staff as staff_views
+from jobs.api import views
+from jobs.api.openai import compat as openai_compat
+from jobs.api.openai import views as openai_api
+from jobs.pipeline import regenerate
+from jobs.realtime import sse
 
-# Sign-in failures are throttled per account and per IP on both sign-in pages (jobs/signin.py).
+# Sign-in failures are throttled per account and per IP on both sign-in pages (jobs/access/signin.py).
 admin.site.login_form = signin.AdminSigninForm
 
 urlpatterns = [
@@ -18,7 +27,7 @@ urlpatterns = [
     path("api/v1/queue", views.QueueView.as_view(), name="queue"),
     path("api/v1/account", account_views.AccountView.as_view(), name="account"),
     path("api/v1/account/webhook-secret", account_views.WebhookSecretRotate.as_view(), name="account-webhook-secret"),
-    # GET as jobs.views.JobDetail, plus DELETE (owner; images purged).
+    # GET as jobs.api.views.JobDetail, plus DELETE (owner; images purged).
     path("api/v1/jobs/<uuid:job_id>", delete_views.JobDetailDelete.as_view(), name="job-detail"),
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),
     path("api/v1/jobs/<uuid:job_id>/appeal", views.JobAppeal.as_view(), name="job-appeal"),

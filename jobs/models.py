@@ -96,18 +96,18 @@ class GenerationJob(models.Model):
     count = models.PositiveSmallIntegerField(default=1)
     model_version = models.CharField(max_length=100)
     scheduler = models.CharField(max_length=60, blank=True, default="")
-    # The image files: encoded once, at the GPU worker's hand-off (jobs/encoding.py).
+    # The image files: encoded once, at the GPU worker's hand-off (jobs/media/encoding.py).
     output_format = models.CharField(max_length=8, choices=OutputFormat.choices, default=OutputFormat.PNG)
     output_compression = models.PositiveSmallIntegerField(null=True, blank=True, help_text="jpeg/webp quality 0-100")
     # A regeneration of a dropped image names the job it regenerates: its files carry that job's
-    # id, so they come out byte for byte the same (jobs/regenerate.py compares sha256).
+    # id, so they come out byte for byte the same (jobs/pipeline/regenerate.py compares sha256).
     regenerates = models.UUIDField(null=True, blank=True)
     # Scheduling tier (scheduling/policy.py): interactive, or batch work that fills what is left.
     priority = models.CharField(max_length=12, choices=Priority.choices, default=Priority.INTERACTIVE)
     # Not claimed by deadline_at (created_at + the asked-for cancel_after): cancelled, not charged.
     cancel_after = models.PositiveIntegerField(null=True, blank=True, help_text="seconds, as asked for")
     deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
-    # A signed POST on each terminal status (jobs/webhooks.py), from the WebhookDelivery outbox.
+    # A signed POST on each terminal status (jobs/webhooks/delivery.py), from the WebhookDelivery outbox.
     webhook_url = models.URLField(max_length=2000, blank=True, default="")
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     reason = models.TextField(blank=True, default="")
@@ -123,7 +123,7 @@ class GenerationJob(models.Model):
     appealed_at = models.DateTimeField(null=True, blank=True)
     appeal_outcome = models.CharField(max_length=16, blank=True, default="")  # "", upheld, overturned
     batch = models.ForeignKey(Batch, null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs")
-    # The daily quota (jobs/usage.py): images this job makes on the GPU (count less the
+    # The daily quota (jobs/access/usage.py): images this job makes on the GPU (count less the
     # request-hash cache hits), reserved while it waits, charged (UsageCharge) when first claimed.
     billable_images = models.PositiveSmallIntegerField(default=0)
     charged_at = models.DateTimeField(null=True, blank=True)
@@ -140,7 +140,7 @@ class GenerationJob(models.Model):
 
     objects = JobQuerySet.as_manager()
 
-    # Not stored: the admission estimate jobs.submit leaves on a job it has just accepted.
+    # Not stored: the admission estimate jobs.pipeline.submit leaves on a job it has just accepted.
     estimate: Any = None
 
     class Meta:
@@ -222,7 +222,7 @@ class UsageCharge(models.Model):
 
 class ApiToken(models.Model):
     """An API token, stored as the SHA-256 of the token: only a short prefix is kept in clear,
-    to find the row (jobs/tokens.py). The token itself is shown once, when it is issued."""
+    to find the row (jobs/access/tokens.py). The token itself is shown once, when it is issued."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
     prefix = models.CharField(max_length=16, db_index=True)
@@ -240,7 +240,7 @@ class ApiToken(models.Model):
 
 class IdempotencyKey(models.Model):
     """An Idempotency-Key header seen on a submit: the same key and body within
-    IMAGEGEN_IDEMPOTENCY_HOURS answer with the same job (jobs/idempotency.py)."""
+    IMAGEGEN_IDEMPOTENCY_HOURS answer with the same job (jobs/api/idempotency.py)."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="idempotency_keys")
     scope = models.CharField(max_length=16, help_text="the route: jobs or openai")
@@ -270,7 +270,7 @@ class WebhookSecret(models.Model):
 class WebhookDelivery(models.Model):
     """The outbox: one row per terminal status of a job with a webhook_url, written in the same
     transaction as the status change; delivered by a task on the io queue, re-sent by the reaper
-    until delivered or IMAGEGEN_WEBHOOK_RETRY_HOURS have passed (jobs/webhooks.py)."""
+    until delivered or IMAGEGEN_WEBHOOK_RETRY_HOURS have passed (jobs/webhooks/delivery.py)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="webhook_deliveries")

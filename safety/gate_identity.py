@@ -5,7 +5,7 @@ The identity is the kind and a fingerprint of the model's files (names, sizes an
 64 KiB of each), not its path, so the same model installed anywhere has the same identity and a
 retrained one a new identity; a python: classifier is named by its class and `version`. The
 request-hash cache keys on it, and serves an image only to requests that the same gate would
-judge (jobs/cache.py).
+judge (jobs/media/cache.py).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class ServedModel:
     guidance_scale: float
     label: str
     default: bool  # the deployment's own version
-    quality_steps: dict  # OpenAI quality tier -> steps on this model (jobs/openai_compat.py)
+    quality_steps: dict  # OpenAI quality tier -> steps on this model (jobs/api/openai/compat.py)
     quality_levers: dict  # OpenAI quality tier -> lever variant on this model (gpu_tasks/levers.py)
     batch_caps: dict  # "WxH" -> images per pass (manage.py measure_batch_caps suggests them)
     fill_wait: float | None  # seconds a partial pass waits for more; None: IMAGEGEN_FILL_WAIT

@@ -1,7 +1,7 @@
 """The batch scheduler's decision, in plain Python: which shape a free worker takes and which
 jobs of it. scheduling/scheduler.py runs the same rules inside Redis (Lua) for atomicity; a
 differential test (tests/test_scheduler_policy.py) holds the two to identical answers, so the
-fleet simulation (bench/fleet_sim.py) and the wait estimate (jobs/admission.py), which call
+fleet simulation (bench/fleet_sim.py) and the wait estimate (jobs/admission/control.py), which call
 this module, exercise the real policy.
 
 Each shape has two tiers of FIFO queues: interactive (the default) and batch.

@@ -185,7 +185,7 @@ def make_user(username: str, **extra):
 
     from django.contrib.auth import get_user_model
 
-    from jobs.tokens import issue
+    from jobs.access.tokens import issue
 
     user = get_user_model().objects.create_user(username=username, password=f"{username}-pw", **extra)
     user.auth_token = SimpleNamespace(key=issue(user, name="tests"))
@@ -255,7 +255,7 @@ def admitted_to(lane: str):
     prompt gate runs in this process under the lane's model name."""
     from django.test import override_settings
 
-    from jobs.tasks import check_prompt
+    from jobs.pipeline.tasks import check_prompt
 
     original = check_prompt.delay
     check_prompt.delay = lambda job_id: check_prompt.run(job_id)
@@ -277,8 +277,8 @@ def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
     from channels import DEFAULT_CHANNEL_LAYER
     from channels.layers import channel_layers
 
-    from jobs import events
     from jobs.models import GenerationJob
+    from jobs.realtime import events
 
     seen: list[dict] = []
 
@@ -313,7 +313,7 @@ def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
 def wait_until_cached(job, timeout: float = 10.0) -> None:
     """The publish stage remembers a delivered job's images in the request-hash cache just
     after the commit that makes it done: wait for that before relying on a hit."""
-    from jobs import cache
+    from jobs.media import cache
 
     deadline = time.monotonic() + timeout
     while not cache.lookup(job) and time.monotonic() < deadline:

@@ -28,7 +28,7 @@ CLEAN = {"star": 0.0, "heart": 0.0}  # a score for every label the default polic
 
 class Scripted:
     """Modes: unset -> clean scores (allow); raise; hang (until the mode changes);
-    none (returns None); short (too few results); nan / missing / text (a malformed score);
+    slow:N (N seconds a batch, then clean); none (returns None); short (too few results); nan / missing / text (a malformed score);
     json:{label: score} for every image (labels not given score 0)."""
 
     version = "scripted-test-classifier"
@@ -47,6 +47,9 @@ class Scripted:
         if mode == "hang":
             while _redis().get(MODE_KEY) == "hang":
                 time.sleep(0.1)
+            return [dict(CLEAN) for _ in images]
+        if mode.startswith("slow:"):  # a slow but healthy classifier: N seconds a batch
+            time.sleep(float(mode.split(":", 1)[1]))
             return [dict(CLEAN) for _ in images]
         if mode == "none":
             return None

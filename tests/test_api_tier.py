@@ -17,9 +17,10 @@ from rest_framework import serializers as drf_serializers
 from rest_framework.renderers import JSONRenderer
 
 from imagegen.redis_client import PREFIX
-from jobs import admission, queue_summary
+from jobs.admission import control as admission
+from jobs.admission import summary as queue_summary
+from jobs.api.serializers import JobSerializer
 from jobs.models import GeneratedImage, GenerationJob
-from jobs.serializers import JobSerializer
 from scheduling import heartbeats, scheduler
 from scheduling.costs import COST_KEY
 from scripts.procs import free_port, stop_group

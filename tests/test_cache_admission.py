@@ -22,7 +22,7 @@ def pixels(image_or_bytes) -> bytes:
 
     from PIL import Image
 
-    from jobs.storage import public_storage
+    from jobs.media.storage import public_storage
 
     data = image_or_bytes
     if not isinstance(data, bytes):
@@ -64,7 +64,7 @@ def test_a_partial_hit_generates_only_the_missing_seeds(workers, alice_api):
 
 
 def test_a_cache_entry_whose_bytes_were_purged_or_whose_image_was_blocked_is_not_served(workers, alice_api):
-    from jobs.storage import public_storage
+    from jobs.media.storage import public_storage
 
     first = wait_for_status(submit(alice_api, seed=31, prompt="a white circle")["id"], ("done",))
     with public_storage().open(first.images.get().storage_key, "rb") as fh:
@@ -112,7 +112,7 @@ def test_with_allow_degrade_the_job_is_accepted_with_fewer_steps(workers, alice_
 
 
 def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
+    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 2
     for i in range(2):
         assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": i}, format="json").status_code == 202
@@ -122,7 +122,7 @@ def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, 
 
 
 def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.tasks.check_prompt.delay", lambda job_id: None)
+    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)
     settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY = 5
     assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 4}, format="json").status_code == 202
     response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 2}, format="json")

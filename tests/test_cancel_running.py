@@ -9,8 +9,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from jobs.events import group_name
 from jobs.models import Batch, GeneratedImage, GenerationJob
+from jobs.realtime.events import group_name
 from tests.conftest import wait_for_status
 
 pytestmark = pytest.mark.django_db(transaction=True)

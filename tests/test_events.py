@@ -14,8 +14,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from jobs import events
 from jobs.models import GenerationJob
+from jobs.realtime import events
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

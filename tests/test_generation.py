@@ -33,7 +33,7 @@ def pixels(job_id) -> list[np.ndarray]:
     job = GenerationJob.objects.get(id=job_id)
     out = []
     for image in job.images.order_by("index"):
-        from jobs.storage import public_storage
+        from jobs.media.storage import public_storage
 
         with public_storage().open(image.storage_key, "rb") as f:
             out.append(np.asarray(Image.open(f).convert("RGB")))

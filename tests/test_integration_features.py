@@ -17,8 +17,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from imagegen.redis_client import get_redis
-from jobs import actions, webhooks
+from jobs import actions
 from jobs.models import GenerationJob, IdempotencyKey, UsageCharge, WebhookDelivery
+from jobs.webhooks import delivery as webhooks
 from tests.conftest import admitted_to, client_for, wait_for_status
 
 BODY = {"prompt": "a red circle on a blue background", "width": 64, "height": 64, "steps": 2}
@@ -245,7 +246,7 @@ def test_a_delivery_survives_a_sigkill_of_the_worker_sending_it(workers, start_w
     again through the io queue."""
     hook = receiver(plan=["hang", 200])
     api = client_for(alice)
-    queues = {**settings.IMAGEGEN_TASK_QUEUES, "jobs.tasks.deliver_webhook": "webhooks-victim"}
+    queues = {**settings.IMAGEGEN_TASK_QUEUES, "jobs.pipeline.tasks.deliver_webhook": "webhooks-victim"}
     victim = start_worker("webhooks-victim", "webhooks-victim")
     with admitted_to("no-gpu-webhook"):
         job = api.post("/api/v1/jobs", {**BODY, "webhook_url": hook.url}, format="json").json()

@@ -119,7 +119,7 @@ def test_a_setting_the_family_cannot_honour_is_refused_at_load(tiny, family, ove
 
 
 def test_quality_tiers_take_their_steps_from_the_served_models_setting(settings):
-    from jobs.openai_compat import steps_for
+    from jobs.api.openai.compat import steps_for
 
     settings.IMAGEGEN_QUALITY_STEPS = {"low": 4, "medium": 12, "high": 30}
     assert [steps_for(q) for q in ("low", "medium", "standard", "high", "hd")] == [4, 12, 12, 30, 30]
@@ -151,8 +151,8 @@ def test_a_jobs_variant_stops_cfg_for_its_pass_alone(tiny):
 
 
 def test_quality_tiers_bundle_the_levers_of_the_model_they_run_on(settings):
-    from jobs.openai_compat import native_fields, variant_for
-    from jobs.serializers import JobCreateSerializer
+    from jobs.api.openai.compat import native_fields, variant_for
+    from jobs.api.serializers import JobCreateSerializer
 
     settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}
     settings.IMAGEGEN_QUALITY_MODELS = {}
@@ -174,7 +174,7 @@ def test_an_openai_request_of_a_tier_with_levers_runs_with_them_in_the_worker(wo
     from PIL import Image
     from rest_framework.test import APIClient
 
-    from jobs.encoding import read_parameters
+    from jobs.media.encoding import read_parameters
     from jobs.models import GenerationJob
 
     settings.IMAGEGEN_QUALITY_LEVERS = {"low": "cfg-cutoff=0.5"}

@@ -140,7 +140,7 @@ def _finish_as(status: str, reason: str = "", blocked_stage: str = ""):
 )
 def test_outcomes_map_to_openai_errors(carol_bearer, status, code, http, error_code):
     # A plain (non-transactional) test: the prompt check is sent on commit, which never comes.
-    with mock.patch("jobs.openai_api._wait_for", _finish_as(status, "because", "image")):
+    with mock.patch("jobs.api.openai.views._wait_for", _finish_as(status, "because", "image")):
         response = carol_bearer.post("/v1/images/generations", {"prompt": PROMPT}, format="json")
     assert response.status_code == http
     error = response.json()["error"]

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 from rest_framework.test import APIClient
 
-from jobs.encoding import read_parameters
+from jobs.media.encoding import read_parameters
 from tests.conftest import make_user
 
 PROMPT = "a red circle on a blue background"

@@ -13,7 +13,7 @@ from hypothesis import settings as hsettings
 from rest_framework.test import APIClient
 from schemathesis import GenerationMode
 
-from jobs.schema import url_routes
+from jobs.api.schema import url_routes
 from tests.conftest import make_user, wait_for_status
 
 # Routes that are not part of the API: the admin and staff pages, the sign-in pages, the end

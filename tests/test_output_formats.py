@@ -10,7 +10,7 @@ import pytest
 from django.test import Client, override_settings
 from PIL import Image
 
-from jobs.encoding import ImageParameters, encode, read_parameters
+from jobs.media.encoding import ImageParameters, encode, read_parameters
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from tests.conftest import wait_for_status
 from tests.test_generation import submit
@@ -107,7 +107,7 @@ def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice
     settings.IMAGEGEN_CACHE_SCOPE = "global"  # shared across users (the default keeps each user's own)
 
     from jobs.actions import reject_delivered
-    from jobs.storage import public_storage
+    from jobs.media.storage import public_storage
 
     first = wait_for_status(submit(alice_api, prompt="a purple triangle", seed=9090, output_format="webp")["id"], ("done",))
     original = first.images.get()
@@ -138,7 +138,7 @@ def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice
 
 
 def test_on_s3_the_content_type_follows_the_key_extension(seaweed):
-    from jobs.storage import publish_object, store_quarantined
+    from jobs.media.storage import publish_object, store_quarantined
     from tests.s3_fixtures import s3_overrides
     from tests.s3_server import PUBLIC_BUCKET, QUARANTINE_BUCKET
 

@@ -35,8 +35,8 @@ def test_a_job_runs_end_to_end_over_a_rabbitmq_broker(worker_env, start_worker, 
     # This process is the web tier of that deployment: its first task goes out over RabbitMQ too.
     amqp_app = Celery(broker=AMQP, set_as_current=False)  # never replace the project app for later tests
     monkeypatch.setattr(
-        "jobs.tasks.check_prompt.delay",
-        lambda job_id: amqp_app.send_task("jobs.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
+        "jobs.pipeline.tasks.check_prompt.delay",
+        lambda job_id: amqp_app.send_task("jobs.pipeline.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
     )
     with override_settings(IMAGEGEN_MODEL_NAME=lane):
         job = submit(alice_api, steps=2, seed=808, prompt="a rabbit-shaped square")

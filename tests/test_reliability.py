@@ -111,7 +111,7 @@ def test_the_event_stream_answers_503_during_a_database_outage(alice):
 def test_the_middleware_turns_database_errors_of_plain_views_into_503(alice):
     job = GenerationJob.objects.create(owner=alice, prompt="probe", width=64, height=64, steps=2, guidance_scale=5.0,
                                        seed=1, model_version="tiny-random", status="queued")
-    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, "jobs.api_errors.ServiceUnavailableMiddleware"]):
+    with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, "jobs.api.errors.ServiceUnavailableMiddleware"]):
         result = rel.scenario_db_outage(alice.auth_token.key, job_id=str(job.id))
     assert result["500"] == [] and result["5xx_other_than_503"] == 0, result["detail"]
     assert result["503_without_retry_after"] == 0 and result["rows_added"] == 0
@@ -227,7 +227,7 @@ def test_a_broker_outage_at_commit_answers_consistently(alice_api):
     from kombu.exceptions import OperationalError
 
     body = {"prompt": "a red circle while the broker is down", "width": 64, "height": 64, "steps": 2, "seed": 9}
-    with mock.patch("jobs.tasks.check_prompt.delay", side_effect=OperationalError("broker down")):
+    with mock.patch("jobs.pipeline.tasks.check_prompt.delay", side_effect=OperationalError("broker down")):
         response = alice_api.post("/api/v1/jobs", body, format="json")
     assert response.status_code in (202, 503), response.status_code  # never a 500
     rows = GenerationJob.objects.filter(prompt=body["prompt"]).count()

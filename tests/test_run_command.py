@@ -98,7 +98,7 @@ def test_the_block_appears_only_once_ready_and_worker_logs_stay_in_files(tmp_pat
         assert "demo / demo" in text and "moderator / moderator" in text
         token_line = next(line for line in block if "API token" in line)
         token = token_line.split()[-1]
-        assert re.fullmatch(r"ig_[0-9a-f]{8}_[A-Za-z0-9_-]{43}", token), token  # jobs/tokens.py's form
+        assert re.fullmatch(r"ig_[0-9a-f]{8}_[A-Za-z0-9_-]{43}", token), token  # jobs/access/tokens.py's form
         assert f"Authorization: Token {token}" in text and f"http://127.0.0.1:{port}/api/v1/jobs" in text
         assert "Ctrl-C stops everything." in text
         before = "\n".join(out.seen[: out.seen.index(first)])

@@ -33,7 +33,7 @@ def submit(api, prompt: str, seed: int, **extra) -> str:
 
 
 def test_the_cache_key_names_the_gate_that_judged_the_image():
-    from jobs.cache import request_key
+    from jobs.media.cache import request_key
 
     job = GenerationJob(prompt="a red circle", negative_prompt="", width=64, height=64, steps=3, guidance_scale=5.0,
                         seed=1, model_version="v", owner_id=1)
@@ -84,7 +84,7 @@ def test_production_refuses_to_deliver_unchecked_images_without_a_second_setting
 
 def test_deleting_a_blocked_job_keeps_its_verdicts_and_its_quarantined_evidence(workers, alice_api, classifier_mode,
                                                                                  moderator_client):
-    from jobs.storage import quarantine_storage
+    from jobs.media.storage import quarantine_storage
 
     classifier_mode('json:{"star": 0.99}')
     job = wait_for_status(submit(alice_api, "a yellow circle on a black background", 4444), ("blocked",))
@@ -112,8 +112,8 @@ def test_a_pending_appeal_is_not_withdrawn_by_the_owners_delete(workers, alice_a
 
 
 def test_retention_purges_a_deleted_job_once_its_record_period_is_over(workers, alice_api, classifier_mode, settings):
-    from jobs.retention import apply_retention
-    from jobs.storage import quarantine_storage
+    from jobs.media.storage import quarantine_storage
+    from jobs.pipeline.retention import apply_retention
 
     classifier_mode('json:{"star": 0.99}')
     job = wait_for_status(submit(alice_api, "a white circle on a red background", 4646), ("blocked",))
@@ -128,7 +128,7 @@ def test_retention_purges_a_deleted_job_once_its_record_period_is_over(workers, 
 
 
 def test_overturning_an_appeal_on_a_taken_down_image_restores_it(workers, alice_api, moderator_client):
-    from jobs.storage import public_storage
+    from jobs.media.storage import public_storage
 
     job = wait_for_status(submit(alice_api, "a red square on a green background", 4747), ("done",))
     image = job.images.get()

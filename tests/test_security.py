@@ -14,8 +14,8 @@ from django.core.management import call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
+from jobs.media.storage import new_image_key, public_storage, quarantine_storage
 from jobs.models import GeneratedImage, GenerationJob
-from jobs.storage import new_image_key, public_storage, quarantine_storage
 from tests.conftest import client_for, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)

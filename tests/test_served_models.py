@@ -107,7 +107,7 @@ def test_a_job_naming_the_second_model_runs_on_its_lane_at_its_steps_and_records
 def test_openai_models_list_both_and_a_quality_tier_can_pick_the_fast_model(fast_model, alice, settings):
     from rest_framework.test import APIClient
 
-    from jobs import openai_compat
+    from jobs.api.openai import compat as openai_compat
 
     alice_api = APIClient()
     alice_api.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
@@ -117,7 +117,7 @@ def test_openai_models_list_both_and_a_quality_tier_can_pick_the_fast_model(fast
     assert alice_api.get(f"/v1/models/{FAST}").json()["id"] == FAST
     assert alice_api.get("/v1/models/nope").status_code == 404
     settings.IMAGEGEN_QUALITY_MODELS = {"low": FAST}
-    from jobs.serializers import JobCreateSerializer
+    from jobs.api.serializers import JobCreateSerializer
 
     def job(**openai_attrs) -> dict:  # the native job data an OpenAI request becomes
         native = JobCreateSerializer(data={"prompt": "a red circle", **openai_compat.native_fields(openai_attrs)})

@@ -75,7 +75,7 @@ def generating(backend, request, monkeypatch):
         yield backend
         return
     request.getfixturevalue("s3_gpu_worker")
-    from jobs.tasks import check_prompt
+    from jobs.pipeline.tasks import check_prompt
 
     monkeypatch.setattr(check_prompt, "delay", lambda job_id: check_prompt.run(job_id))
     with override_settings(IMAGEGEN_MODEL_NAME=S3_MODEL_NAME):
@@ -109,7 +109,7 @@ def make_done_image(owner, storage_key: str, data: bytes, *, tier="public", mode
 
 @pytest.mark.django_db(transaction=True)
 def test_upload_sets_immutable_headers_and_plain_public_urls(backend, alice):
-    from jobs.storage import image_url, public_storage, store_bytes
+    from jobs.media.storage import image_url, public_storage, store_bytes
 
     name, server = backend
     data = png_bytes()
@@ -134,7 +134,7 @@ def test_upload_sets_immutable_headers_and_plain_public_urls(backend, alice):
 
 @pytest.mark.django_db(transaction=True)
 def test_custom_domain_urls_have_no_signature_and_serve(seaweed):
-    from jobs.storage import image_url, public_storage, store_bytes
+    from jobs.media.storage import image_url, public_storage, store_bytes
 
     with override_settings(**s3_overrides(seaweed, custom_domain="cdn.example.test")):
         assert image_url("i/abc.png") == "https://cdn.example.test/i/abc.png"
@@ -152,7 +152,7 @@ def test_custom_domain_urls_have_no_signature_and_serve(seaweed):
 def test_quarantine_is_private_and_staff_read_it(backend, alice):
     from django.contrib.auth.models import Permission
 
-    from jobs.storage import private_url, quarantine_storage, store_bytes
+    from jobs.media.storage import private_url, quarantine_storage, store_bytes
 
     name, server = backend
     data = png_bytes((9, 9, 9))
@@ -219,7 +219,7 @@ def client_error(code: str, status: int):
 def test_store_bytes_retries_transient_errors_a_bounded_number_of_times(tmp_path):
     from botocore.exceptions import EndpointConnectionError
 
-    from jobs.storage import store_bytes
+    from jobs.media.storage import store_bytes
 
     flaky = FlakyStorage([OSError("disk hiccup"), client_error("SlowDown", 503),
                           EndpointConnectionError(endpoint_url="http://x")], location=tmp_path)
@@ -244,7 +244,7 @@ def test_an_unreachable_bucket_fails_after_the_bounded_retries():
     from django.core.files.storage import storages
 
     from imagegen.settings import s3_storages
-    from jobs.storage import store_bytes
+    from jobs.media.storage import store_bytes
     from tests.s3_server import _free_ports
 
     dead = s3_storages("nowhere", endpoint_url=f"http://127.0.0.1:{_free_ports(1)[0]}", access_key="a", secret_key="b",
@@ -262,7 +262,7 @@ def test_an_unreachable_bucket_fails_after_the_bounded_retries():
 @pytest.mark.django_db(transaction=True)
 def test_generate_cold_drop_regenerate_and_delete(generating, alice, bob):
     from jobs.models import GeneratedImage, GenerationJob
-    from jobs.retention import count_view, run_retention
+    from jobs.pipeline.retention import count_view, run_retention
 
     name, server = generating
     forget_cache()
@@ -350,7 +350,7 @@ def test_generate_cold_drop_regenerate_and_delete(generating, alice, bob):
 @pytest.mark.django_db(transaction=True)
 def test_dropped_bytes_of_a_retired_model_version_or_a_mismatch_are_410(alice):
     from jobs.models import GenerationJob
-    from jobs.regenerate import complete_regeneration
+    from jobs.pipeline.regenerate import complete_regeneration
 
     api = client_for(alice)
     data = png_bytes((5, 5, 5))
@@ -383,16 +383,16 @@ def test_dropped_bytes_of_a_retired_model_version_or_a_mismatch_are_410(alice):
 def test_retention_is_scheduled_on_the_io_queue_and_registered():
     from imagegen.celery import app
 
-    assert settings.CELERY_BEAT_SCHEDULE["retention"]["task"] == "jobs.retention.run_retention"
+    assert settings.CELERY_BEAT_SCHEDULE["retention"]["task"] == "jobs.pipeline.retention.run_retention"
     from imagegen.celery_routes import route
 
-    assert route("jobs.retention.run_retention", [], {}, {}) == {"queue": settings.QUEUE_IO}
+    assert route("jobs.pipeline.retention.run_retention", [], {}, {}) == {"queue": settings.QUEUE_IO}
     app.loader.import_default_modules()
-    assert "jobs.retention.run_retention" in app.tasks and "jobs.cdn.retry_purge" in app.tasks
+    assert "jobs.pipeline.retention.run_retention" in app.tasks and "jobs.media.cdn.retry_purge" in app.tasks
 
 
 def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeypatch):
-    from jobs import cdn
+    from jobs.media import cdn
 
     seen = []
 
@@ -409,7 +409,7 @@ def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeyp
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
-        with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.cdn:http_purge", IMAGEGEN_CDN_PURGE_TOKEN="k"):
+        with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.media.cdn:http_purge", IMAGEGEN_CDN_PURGE_TOKEN="k"):
             cdn.purge([f"{base}/i/a.png", f"{base}/i/b.png"])
         assert seen == [("/i/a.png", "k"), ("/i/b.png", "k")]
     finally:
@@ -417,6 +417,6 @@ def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeyp
         server.server_close()
     queued = []
     monkeypatch.setattr(cdn.retry_purge, "apply_async", lambda args, countdown: queued.append(args))
-    with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.cdn:http_purge"):
+    with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.media.cdn:http_purge"):
         cdn.purge([f"{base}/i/c.png"])  # the server is gone: no exception, a retry is queued
     assert queued == [[[f"{base}/i/c.png"]]]

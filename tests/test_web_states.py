@@ -239,7 +239,7 @@ def test_gallery_pages_through_every_job(workers, daphne_server, browser_page, e
     api = client_for(carol)
     first = api.post("/api/v1/jobs", {"prompt": "a white triangle", "seed": 777, "steps": 4}, format="json").json()
     from imagegen.redis_client import get_redis
-    from jobs.cache import request_key
+    from jobs.media.cache import request_key
 
     key = request_key(wait_for_status(first["id"], ("done",)), 0)
     deadline = time.monotonic() + 10

@@ -14,9 +14,9 @@ from functools import partial
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import cdn
+from jobs.media import cdn
+from jobs.media.storage import delete_quietly, image_url, quarantine_storage, unpublish_object
 from jobs.models import GeneratedImage, GenerationJob
-from jobs.storage import delete_quietly, image_url, quarantine_storage, unpublish_object
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ Every transition is a compare-and-set on the current status (a conditional UPDAT
 redelivered or duplicated task can never move a job twice. Status events go out on commit, and
 so do the counts of jobs entering each status (imagegen_jobs_total).
 
-The daily quota is charged here, when a GPU worker first claims a job (jobs/usage.py).
+The daily quota is charged here, when a GPU worker first claims a job (jobs/access/usage.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 
 from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
-from jobs import usage
+from jobs.access import usage
 from jobs.actions.notify import status_on_commit
 from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus
 from scheduling import lanes, scheduler
@@ -142,7 +142,7 @@ def cancel_past_deadline(now=None, limit: int = 500) -> int:
     queued ones, and prompts held for a moderator (no GPU time spent yet; cancelled, the case
     leaves the moderators' queue, its verdicts stay). A job a worker claimed first runs (and was
     charged), and so does one whose images wait for review; one never claimed is never charged
-    (jobs/usage.py charges at claim), and its reservation ends with it."""
+    (jobs/access/usage.py charges at claim), and its reservation ends with it."""
     now = now or timezone.now()
     cancelled = 0
     unclaimed = Q(status=JobStatus.QUEUED) | Q(status=JobStatus.REVIEW, blocked_stage="prompt")

@@ -16,8 +16,8 @@ from imagegen import metrics
 from jobs.actions.images import take_down
 from jobs.actions.lifecycle import admit
 from jobs.actions.notify import status_on_commit
+from jobs.media.storage import publish_object
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
-from jobs.storage import publish_object
 from safety.models import SafetyVerdict
 from safety.policy_version import policy_version
 

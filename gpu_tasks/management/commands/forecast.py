@@ -82,7 +82,7 @@ class Command(BaseCommand):
 
     def _measure(self, width, height, steps, batches, version=None, guidance=None):
         from gpu_tasks.pipeline import Row, get_model
-        from jobs.encoding import encode
+        from jobs.media.encoding import encode
 
         model = get_model(version)
         per_step = {}

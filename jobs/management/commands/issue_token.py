@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 
-from jobs import tokens
+from jobs.access import tokens
 
 
 class Command(BaseCommand):

@@ -1,0 +1,95 @@
+"""What a user has used, for the per-user limits (jobs/admission/control.py checks them).
+
+The daily quota counts GPU work: images are charged (a UsageCharge row) when a GPU worker first
+claims them (jobs.actions.claim_batch), and until then the images of the user's unfinished,
+never-claimed jobs are reserved. So a job cancelled mid-run stays charged, a job that never
+started (blocked by the prompt gate, cancelled or deleted while queued) costs nothing, and
+deleting delivered jobs gives nothing back (the charge outlives the job row).
+
+Checks and inserts are made atomic per user by `lock_user` inside the caller's transaction: a
+row lock on the user on PostgreSQL; on SQLite every transaction already holds the database's
+write lock from its start (transaction_mode IMMEDIATE in settings), which serialises them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from jobs.models import GenerationJob, JobStatus, UsageCharge
+
+QUOTA_WINDOW = timedelta(days=1)
+UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.REVIEW)
+
+
+def lock_user(user_id) -> None:
+    """Serialise this user's limit checks with their writes until the transaction ends."""
+    list(get_user_model().objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
+
+
+def jobs_in_flight(user_id, priority: str = "interactive") -> int:
+    return GenerationJob.objects.filter(owner_id=user_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                                        priority=priority).count()
+
+
+def unfinished(user_id, priority: str = "interactive") -> tuple[int, int]:
+    """(jobs in flight, images reserved by unfinished jobs not claimed yet) of the tier, in one
+    query. Each priority tier has its own limits (batch: IMAGEGEN_USER_MAX_BATCH_*)."""
+    row = GenerationJob.objects.filter(owner_id=user_id, status__in=UNFINISHED, priority=priority).aggregate(
+        in_flight=Count("id", filter=Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING])),
+        reserved=Sum("billable_images", filter=Q(charged_at=None)),
+    )
+    return row["in_flight"] or 0, row["reserved"] or 0
+
+
+def review_cases(user_id) -> int:
+    """The user's cases in the moderators' queue: jobs held for review and undecided appeals."""
+    return GenerationJob.objects.filter(owner_id=user_id).filter(
+        Q(status=JobStatus.REVIEW) | Q(status=JobStatus.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
+    ).count()
+
+
+def images_charged(user_id, now: datetime | None = None, priority: str = "interactive") -> int:
+    since = (now or timezone.now()) - QUOTA_WINDOW
+    return UsageCharge.objects.filter(user_id=user_id, charged_at__gte=since, priority=priority).aggregate(
+        n=Sum("images"))["n"] or 0
+
+
+def images_reserved(user_id) -> int:
+    return GenerationJob.objects.filter(owner_id=user_id, status__in=UNFINISHED, charged_at=None).aggregate(
+        n=Sum("billable_images")
+    )["n"] or 0
+
+
+def seconds_until_charges_free(user_id, images: int, now: datetime | None = None, priority: str = "interactive") -> float:
+    """When enough of the charges in the window have aged out for `images` more (an estimate:
+    reservations may be charged meanwhile)."""
+    now = now or timezone.now()
+    freed = 0
+    for charged_at, n in UsageCharge.objects.filter(user_id=user_id, charged_at__gte=now - QUOTA_WINDOW,
+                                                    priority=priority).order_by(
+        "charged_at"
+    ).values_list("charged_at", "images"):
+        freed += n
+        if freed >= images:
+            return max(1.0, (charged_at + QUOTA_WINDOW - now).total_seconds())
+    return QUOTA_WINDOW.total_seconds()
+
+
+def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:
+    """Charge the jobs a GPU worker has just claimed, once per job (a requeued job is not
+    charged again). Call inside the claim's transaction."""
+    fresh = [job for job in jobs if job.charged_at is None]
+    if not fresh:
+        return
+    GenerationJob.objects.filter(id__in=[job.id for job in fresh], charged_at=None).update(charged_at=now)
+    UsageCharge.objects.bulk_create([
+        UsageCharge(user_id=job.owner_id, job_id=job.id, images=job.billable_images,
+                    image_steps=job.billable_images * job.steps, charged_at=now, priority=job.priority)
+        for job in fresh
+    ])
+    for job in fresh:
+        job.charged_at = now

@@ -1,0 +1,381 @@
+"""The wait-estimate summary: what jobs.admission.control.estimate() answers, computed once per interval
+and kept in Redis, so that a submit or a poll costs the same with 10 or 10,000 images queued.
+
+estimate() replays the scheduler over the whole backlog (jobs/admission/control.py): exact, but its
+cost grows with the queue, and every submit and every poll of a queued job paid it. Here each
+answer is computed by calling that same machinery, once per interval for all the web processes,
+and requests read the result:
+
+- ``new|<shape>|<images>``: estimate(shape, images) for a new job, stored with the absolute time
+  its pass ends; a request answers ``eta_end - now``.
+- ``bucket|<shape>``: one replay for every job of the shape's bucket (admission.queued_ends):
+  a queued job's ETA is its own (fair share does not serve a bucket in FIFO order); a job that
+  joined since is interpolated between the samples (SAMPLES places spread over the bucket)
+  around its place.
+- ``counts``: jobs and images queued per shape (GET /api/v1/queue).
+
+A queued job's position (jobs ahead) is counted exactly in Redis, one ZCOUNT per shape: no scan.
+
+Freshness: an entry is refreshed once it is older than FRESH_FACTOR (20) times its own compute
+time (at most IMAGEGEN_SUMMARY_MAX_AGE), so keeping one entry fresh never takes more than 1/20
+of a core, whatever the backlog: a replay of 10,000 images (~135 ms of CPU here) is redone
+every ~3 s, against a wait of many minutes; one of an empty queue (~2.5 ms) every 0.05 s. Costs
+are CPU seconds (thread time), steady when the machine is busy. A cheap one (under
+SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, and a cheap
+new-job entry also once a job of its shape was accepted after it was made, so with a short
+queue the answer is as fresh as a replay per request was. A costly one is answered from the
+stale entry while it is recomputed off the request path: by the refresher thread of a cpu
+Celery worker (refresher_loop, started on worker_ready; one computer per entry across all of
+them, a Redis lock) when one is alive, so the web processes never replay a long queue; else by
+a thread of the web process. An entry older than IMAGEGEN_SUMMARY_MAX_AGE (no refresher: twice
+its freshness), or missing, is computed by the request that wants it; others wanting it
+meanwhile wait for that computation.
+Changes to the replay (scheduling/policy.py, jobs/admission/control.py) flow through unchanged.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from celery.signals import worker_ready
+from django.conf import settings
+from django.db import close_old_connections
+
+from imagegen.redis_client import PREFIX, get_redis
+from jobs.admission import control as admission
+from scheduling import catalogue, scheduler
+from scheduling import costs as cost_model
+from scheduling.lanes import lane_of, lane_of_shape
+
+SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
+FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
+CHANGE_FACTOR = 4.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
+SYNC_BUDGET = 0.008  # CPU seconds: an entry cheaper than this is recomputed in the request
+ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
+FIRST_WAIT = 2.0  # seconds a request waits for another's first computation of an entry
+
+log = logging.getLogger(__name__)
+_refresher = ThreadPoolExecutor(1, thread_name_prefix="queue-summary")
+_pending: set[str] = set()
+_pending_lock = threading.Lock()
+
+
+def _key(model: str) -> str:
+    return f"{PREFIX}summary:{model}"
+
+
+def _fresh_for(entry: dict) -> float:
+    return min(settings.IMAGEGEN_SUMMARY_MAX_AGE, FRESH_FACTOR * entry["cost"])
+
+
+def _store(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
+    """Compute the entry, store it, and release its lock (taken or not: a lock outlives no
+    computation)."""
+    # Cost in CPU seconds of this thread: what an entry takes from a core (its freshness is
+    # 20x that), steady whether or not this machine is busy with other work.
+    started = time.thread_time()
+    r = get_redis()
+    try:
+        entry = compute()
+        entry["cost"] = time.thread_time() - started
+        if submits is not None:  # the submit counter read before computing: later ones are not in it
+            entry["submits"] = submits
+        pipe = r.pipeline(transaction=False)
+        pipe.hset(_key(model), field, json.dumps(entry))
+        pipe.expire(_key(model), ENTRY_TTL)
+        pipe.execute()
+    finally:
+        r.delete(_lock_key(model, field))
+    return entry
+
+
+def _lock_key(model: str, field: str) -> str:
+    return f"{_key(model)}:lock:{field}"
+
+
+def _lock(model: str, field: str, seconds: float) -> bool:
+    """One computer per entry across every process and thread, for at most `seconds`."""
+    return bool(get_redis().set(_lock_key(model, field), "1", nx=True, px=max(100, int(seconds * 1000))))
+
+
+def _refresh_in_background(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> None:
+    token = f"{model}\0{field}"
+    with _pending_lock:
+        if token in _pending:
+            return
+        _pending.add(token)
+
+    def run() -> None:
+        close_old_connections()
+        try:
+            _store(model, field, compute, submits)
+        except Exception:  # the stale entry keeps answering; the next request retries
+            log.exception("queue summary %s: refresh failed", field)
+        finally:
+            close_old_connections()
+            with _pending_lock:
+                _pending.discard(token)
+
+    _refresher.submit(run)
+
+
+def entry(model: str, field: str, compute: Callable[[], dict], shape: str = "") -> dict:
+    """The summary entry `field`, fresh enough (see the module docstring). With `shape`, a cheap
+    entry is also recomputed once a job of that shape was accepted after it was made (it is not
+    in the entry), at most every CHANGE_FACTOR x its compute time."""
+    counter = f"submits|{shape}" if shape else None
+    raw, submits = get_redis().hmget(_key(model), [field, counter or field])
+    current = json.loads(raw) if raw else None
+    if current is None:
+        return _first(model, field, compute, submits if counter else None)
+    age = time.time() - current["at"]
+    cheap = current["cost"] <= SYNC_BUDGET
+    changed = counter is not None and cheap and (submits or "0") != current.get("submits", "0") \
+        and age > CHANGE_FACTOR * current["cost"]
+    fresh_for = _fresh_for(current)
+    if age <= fresh_for and not changed:
+        return current
+    if not cheap:
+        # A costly entry answers while it is recomputed off the request: by the refresher of a
+        # cpu worker when one is alive (up to IMAGEGEN_SUMMARY_MAX_AGE old), else by a thread of
+        # this process (up to twice its freshness old). Older, it is recomputed here first.
+        alive = _refresher_alive()
+        if age <= (settings.IMAGEGEN_SUMMARY_MAX_AGE if alive else 2 * fresh_for):
+            if alive:
+                get_redis().hset(_key(model), f"want|{field}", repr(time.time()))
+            elif _lock(model, field, max(1.0, 3 * current["cost"])):
+                _refresh_in_background(model, field, compute, submits if counter else None)
+            return current
+    if not _lock(model, field, max(1.0, 3 * current["cost"])):
+        return _wait_newer(model, field, current, 3 * current["cost"] + 0.01)  # another is computing it
+    return _store(model, field, compute, submits if counter else None)
+
+
+def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.002)
+        raw = get_redis().hget(_key(model), field)
+        if raw:
+            newer = json.loads(raw)
+            if newer["at"] > current["at"]:
+                return newer
+    return current
+
+
+def note_submit(shape: str, model_name: str | None = None) -> None:
+    """A job of `shape` was accepted: cheap new-job entries of that shape are recomputed."""
+    get_redis().hincrby(_key(model_name or lane_of_shape(shape)), f"submits|{shape}", 1)
+
+
+def _first(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
+    """No entry yet: one request computes it; the others that want it meanwhile wait for it
+    (up to FIRST_WAIT seconds, then compute it themselves) instead of all replaying at once."""
+    if _lock(model, field, FIRST_WAIT):
+        return _store(model, field, compute, submits)
+    deadline = time.monotonic() + FIRST_WAIT
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+        raw = get_redis().hget(_key(model), field)
+        if raw:
+            return json.loads(raw)
+    return _store(model, field, compute, submits)
+
+
+# --- a new job ---
+
+def _compute_new(shape: str, images: int, model: str) -> dict:
+    now = time.time()
+    est = admission.estimate(shape, images, model_name=model)
+    costs = cost_model.costs()
+    return {
+        "at": now,
+        "eta_end": None if est.eta_seconds is None else now + est.eta_seconds,
+        # a pass of its own on an idle GPU: no stale entry may promise less than this
+        "floor": cost_model.pass_seconds(shape, images, costs) + cost_model.overhead(costs)
+        + (scheduler.fill_wait_for(_version(shape)) if images < scheduler.cap_for(*_size(shape), _version(shape)) else 0.0),
+        "position": est.position,
+        "work_ahead": est.work_ahead_seconds,
+        "queued_images": est.queued_images,
+        "gpus": est.active_gpus,
+    }
+
+
+def _version(shape: str) -> str:
+    return shape.split("|", 1)[0]
+
+
+def _size(shape: str) -> tuple[int, int]:
+    info = scheduler.parse_shape(shape)
+    return info["width"], info["height"]
+
+
+def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
+    return None if eta_end is None else max(eta_end - now, floor)
+
+
+def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> admission.Estimate:
+    """admission.estimate(shape, images) for a new job, from the summary."""
+    model = model_name or lane_of_shape(shape)
+    e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model), shape=shape)
+    return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
+                              e["queued_images"], e["gpus"])
+
+
+# --- a job already queued ---
+
+def _compute_bucket(shape: str, model: str) -> dict:
+    """One replay for every job of the bucket (admission.queued_ends): each job's own ETA, as
+    estimate(..., job_id=) answers it (fair share does not serve a bucket in FIFO order), and
+    samples by place for a job that joined since."""
+    now = time.time()
+    bucket = scheduler.queued_entries(model).get(shape, [])
+    gpus = admission.active_gpus(model) if bucket else None
+    ends = admission.queued_ends(shape, model) if gpus else {}
+    picks = sorted({round(i * (len(bucket) - 1) / (SAMPLES - 1)) for i in range(SAMPLES)}) if bucket else []
+    samples = [[index, None if bucket[index][0] not in ends else now + ends[bucket[index][0]]] for index in picks]
+    return {"at": now, "samples": samples, "gpus": gpus, "jobs": len(bucket),
+            "ends": {job_id: now + end for job_id, end in ends.items()},
+            "overhead": cost_model.overhead(cost_model.costs())}
+
+
+def interpolate(samples: list[list], index: int) -> float | None:
+    """The ETA (absolute) at place `index` of the bucket, between the samples around it; past
+    the last sample (a job that joined since), along the last two samples' slope."""
+    if not samples or any(end is None for _, end in samples):
+        return None
+    places = [p for p, _ in samples]
+    k = bisect.bisect_left(places, index)
+    if k < len(places) and places[k] == index:
+        return samples[k][1]
+    if k == 0:
+        return samples[0][1]
+    if k == len(places):
+        if len(samples) == 1:
+            return samples[-1][1]
+        (p0, e0), (p1, e1) = samples[-2], samples[-1]
+        return e1 + max(0.0, (e1 - e0) / (p1 - p0)) * (index - p1)
+    (p0, e0), (p1, e1) = samples[k - 1], samples[k]
+    return e0 + (e1 - e0) * (index - p0) / (p1 - p0)
+
+
+def _ahead(model: str, shape: str, enqueued_at: float) -> tuple[int, int]:
+    """(jobs queued ahead in every bucket, jobs ahead in the job's own bucket): exact, one ZCOUNT
+    per shape."""
+    r = get_redis()
+    shapes = sorted(r.smembers(f"{PREFIX}shapes:{model}"))
+    pipe = r.pipeline(transaction=False)
+    bound = f"({enqueued_at!r}"
+    for s in shapes:
+        pipe.zcount(f"{PREFIX}q:{s}", "-inf", bound)
+        pipe.zcount(f"{PREFIX}qb:{s}", "-inf", bound)
+    replies = pipe.execute()
+    counts = {s: replies[2 * i] + replies[2 * i + 1] for i, s in enumerate(shapes)}
+    return sum(counts.values()), counts.get(shape, 0)
+
+
+def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name: str | None = None,
+                        job_id: str | None = None) -> admission.Estimate:
+    """admission.estimate(shape, images, enqueued_at, job_id=...) for a job queued in the
+    scheduler since `enqueued_at`, from the summary (exact for a job the summary replayed)."""
+    model = model_name or lane_of_shape(shape)
+    position, in_bucket = _ahead(model, shape, enqueued_at)
+    e = entry(model, f"bucket|{shape}", lambda: _compute_bucket(shape, model))
+    if e["gpus"] == 0:
+        return admission.Estimate(None, position, 0.0, 0, 0)
+    if job_id is not None and job_id in e.get("ends", {}):
+        return admission.Estimate(_eta(e["ends"][job_id], e["overhead"], time.time()), position, 0.0, 0, e["gpus"] or 0)
+    end = interpolate(e["samples"], in_bucket)
+    if end is None and not e["samples"]:  # the bucket was empty at the last summary: as a new job
+        return new_job_estimate(shape, images, model)
+    return admission.Estimate(_eta(end, e["overhead"], time.time()), position, 0.0, 0, e["gpus"] or 0)
+
+
+# --- the queue's shape counts (GET /api/v1/queue) ---
+
+def _compute_counts(model: str) -> dict:
+    shapes = {s: {"jobs": len(es), "images": sum(n for _, n, _ in es)} for s, es in scheduler.queued_entries(model).items()}
+    return {"at": time.time(), "shapes": shapes}
+
+
+def queue_counts(model_name: str | None = None) -> dict[str, dict]:
+    model = model_name or settings.IMAGEGEN_MODEL_NAME
+    return entry(model, "counts", lambda: _compute_counts(model))["shapes"]
+
+
+# --- the refresher: costly entries recomputed by a cpu worker, off the web processes ---
+
+ALIVE_TTL = 5.0
+REFRESH_EVERY = 0.2
+_stop = threading.Event()
+
+
+def _alive_key() -> str:
+    return f"{PREFIX}summary-refresher"
+
+
+def _refresher_alive() -> bool:
+    return bool(get_redis().exists(_alive_key()))
+
+
+def _compute_for(model: str, field: str) -> tuple[Callable[[], dict], str | None] | None:
+    """The computation behind an entry's field name, and its submit counter's field."""
+    if field == "counts":
+        return (lambda: _compute_counts(model)), None
+    if field.startswith("bucket|"):
+        shape = field[len("bucket|"):]
+        return (lambda: _compute_bucket(shape, model)), None
+    if field.startswith("new|"):
+        shape, images = field[len("new|"):].rsplit("|", 1)
+        return (lambda: _compute_new(shape, int(images), model)), f"submits|{shape}"
+    return None
+
+
+def refresh_wanted(model: str) -> int:
+    """Recompute every costly entry that a request found stale since it was made. Returns how many."""
+    r = get_redis()
+    fields = r.hgetall(_key(model))
+    done = 0
+    for field, raw in fields.items():
+        wanted = fields.get(f"want|{field}")
+        how = _compute_for(model, field)
+        if wanted is None or how is None:
+            continue
+        current = json.loads(raw)
+        if float(wanted) < current["at"] or time.time() - current["at"] <= _fresh_for(current):
+            continue
+        if not _lock(model, field, max(1.0, 3 * current["cost"])):
+            continue
+        compute, counter = how
+        _store(model, field, compute, r.hget(_key(model), counter) if counter else None)
+        done += 1
+    return done
+
+
+def refresher_loop() -> None:
+    while not _stop.is_set():
+        try:
+            get_redis().set(_alive_key(), "1", px=int(ALIVE_TTL * 1000))
+            close_old_connections()
+            for served in catalogue.served():
+                refresh_wanted(lane_of(served))
+        except Exception:  # Redis or the database away: the web processes compute for themselves
+            log.exception("queue summary refresher")
+        _stop.wait(REFRESH_EVERY)
+
+
+def start_refresher(sender=None, **kwargs) -> None:
+    """On a Celery worker that serves the cpu queue (worker_ready): one refresher thread."""
+    consumer = getattr(sender, "task_consumer", None)
+    queues = {q.name for q in getattr(consumer, "queues", [])}
+    if settings.QUEUE_CPU in queues:
+        threading.Thread(target=refresher_loop, name="queue-summary-refresher", daemon=True).start()
+
+
+worker_ready.connect(start_refresher)

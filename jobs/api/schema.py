@@ -1,0 +1,626 @@
+"""OpenAPI 3 documentation of the API (drf-spectacular): what the code alone does not say.
+
+- ImagegenAutoSchema (REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]) adds the error answers every
+  operation can give, in the shape its API uses: the native API's `{"detail": ...}` and
+  `{field: [messages]}`, the OpenAI-compatible routes' `{"error": {...}}`; 429 and 503 carry
+  Retry-After, 401 carries WWW-Authenticate.
+- JobSerializerExtension types the job JSON's computed fields (progress, images, batch).
+- document_plain_views (a postprocessing hook) documents the routes that are plain Django
+  views, not DRF ones: the SSE stream with its event shapes, the image URL, /healthz (and
+  /readyz, /metrics when they exist).
+
+Nothing here changes behaviour; it is only read when the schema is generated.
+"""
+
+from __future__ import annotations
+
+import re
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
+from rest_framework import serializers
+
+from jobs.models import JobStatus
+
+SCHEMA_REF = "#/components/schemas/"
+
+# --- reusable schema objects -------------------------------------------------------------
+
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+WWW_AUTHENTICATE = {
+    "WWW-Authenticate": {
+        "description": 'The scheme to authenticate with ("Token", or "Bearer" on the OpenAI-compatible routes).',
+        "schema": {"type": "string"},
+    }
+}
+
+DETAIL_SCHEMA = {
+    "type": "object",
+    "properties": {"detail": {"type": "string", "description": "What went wrong, for a person to read."}},
+    "required": ["detail"],
+}
+FIELD_ERRORS_SCHEMA = {
+    "type": "object",
+    "description": (
+        "Field errors: each invalid field (or `non_field_errors`) maps to a list of messages. "
+        'A body that is not valid JSON gets `{"detail": "..."}` instead.'
+    ),
+    "additionalProperties": {
+        "oneOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}],
+    },
+    "example": {"width": ["80x64 is not on the size menu (64x64, 96x64, 64x96, 96x96)"]},
+}
+OPENAI_ERROR_SCHEMA = {
+    "type": "object",
+    "description": "An error in the OpenAI API's shape.",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {
+                    "type": "string",
+                    "description": "invalid_request_error, authentication_error, rate_limit_error or server_error.",
+                },
+                "param": {"type": "string", "nullable": True, "description": "The request field at fault, if any."},
+                "code": {
+                    "type": "string",
+                    "nullable": True,
+                    "description": (
+                        "moderation_blocked, content_policy_review, invalid_value, model_not_found, "
+                        "invalid_api_key, rate_limit_exceeded, generation_failed, job_cancelled, timeout, "
+                        "service_unavailable, unknown_url, ..."
+                    ),
+                },
+                "moderation_details": {
+                    "type": "object",
+                    "description": "With moderation_blocked: where the request was stopped and why.",
+                    "properties": {
+                        "stage": {"type": "string", "enum": ["input", "output"],
+                                  "description": "input: the prompt; output: a generated image."},
+                        "categories": {"type": "array", "items": {"type": "string"},
+                                       "description": "The safety policy's categories that stopped it."},
+                    },
+                },
+            },
+            "required": ["message", "type", "param", "code"],
+        }
+    },
+    "required": ["error"],
+    "example": {
+        "error": {
+            "message": "Your request was rejected by the safety system (prompt): ...",
+            "type": "invalid_request_error",
+            "param": "prompt",
+            "code": "moderation_blocked",
+            "moderation_details": {"stage": "input", "categories": ["violence"]},
+        }
+    },
+}
+
+IMAGE_SCHEMA = {
+    "type": "object",
+    "description": "A delivered image. `url` is immutable and needs no auth; seeds are `job.seed + index`.",
+    "properties": {
+        "id": {"type": "string", "format": "uuid"},
+        "index": {"type": "integer"},
+        "seed": {"type": "integer", "format": "int64"},
+        "url": {"type": "string"},
+        "width": {"type": "integer"},
+        "height": {"type": "integer"},
+    },
+    "required": ["id", "index", "seed", "url", "width", "height"],
+}
+PROGRESS_SCHEMA = {
+    "type": "object",
+    "properties": {"step": {"type": "integer"}, "total": {"type": "integer"}},
+    "required": ["step", "total"],
+}
+BATCH_SCHEMA = {
+    "type": "object",
+    "nullable": True,
+    "description": "The GPU pass the job ran in (jobs of the same shape from any user share one); null before it runs.",
+    "properties": {"id": {"type": "string", "format": "uuid"}, "size": {"type": "integer", "description": "images in the pass"}},
+    "required": ["id", "size"],
+}
+
+EVENT_STATUSES = [*JobStatus.values, "deleted"]
+STATUS_EVENT_SCHEMA = {
+    "type": "object",
+    "description": "The job's status changed (sent first, with the current state, then on every change).",
+    "properties": {
+        "type": {"type": "string", "enum": ["status"]},
+        "job": {"type": "string", "format": "uuid"},
+        "status": {"type": "string", "enum": EVENT_STATUSES},
+        "reason": {"type": "string"},
+        "images": {"type": "array", "items": {"$ref": SCHEMA_REF + "JobImage"}, "description": "Only when done."},
+    },
+    "required": ["type", "job", "status", "reason", "images"],
+}
+PROGRESS_EVENT_SCHEMA = {
+    "type": "object",
+    "description": "A denoising step finished.",
+    "properties": {
+        "type": {"type": "string", "enum": ["progress"]},
+        "job": {"type": "string", "format": "uuid"},
+        "step": {"type": "integer"},
+        "total": {"type": "integer"},
+    },
+    "required": ["type", "job", "step", "total"],
+}
+PREVIEW_EVENT_SCHEMA = {
+    "type": "object",
+    "description": "A low-resolution JPEG of the intermediate image, every few steps.",
+    "properties": {
+        "type": {"type": "string", "enum": ["preview"]},
+        "job": {"type": "string", "format": "uuid"},
+        "step": {"type": "integer"},
+        "image": {"type": "string", "description": "A data: URL, `data:image/jpeg;base64,...`."},
+    },
+    "required": ["type", "job", "step", "image"],
+}
+JOB_EVENT_SCHEMA = {
+    "oneOf": [
+        {"$ref": SCHEMA_REF + "StatusEvent"},
+        {"$ref": SCHEMA_REF + "ProgressEvent"},
+        {"$ref": SCHEMA_REF + "PreviewEvent"},
+    ],
+    "discriminator": {
+        "propertyName": "type",
+        "mapping": {
+            "status": SCHEMA_REF + "StatusEvent",
+            "progress": SCHEMA_REF + "ProgressEvent",
+            "preview": SCHEMA_REF + "PreviewEvent",
+        },
+    },
+}
+
+SERVER_SENT_EVENT_SCHEMA = {
+    "type": "object",
+    "description": "One server-sent event as framed on the wire; `data` is the JSON text of a JobEvent.",
+    "properties": {
+        "event": {"type": "string", "enum": ["status", "progress", "preview"]},
+        "data": {"type": "string", "description": "JSON: a StatusEvent, ProgressEvent or PreviewEvent (see JobEvent)."},
+    },
+    "required": ["event", "data"],
+}
+
+SSE_DESCRIPTION = """\
+A `text/event-stream` (server-sent events) of the job's events, owner only. It starts with the
+current state (a `status` event, then the latest `progress` while running), follows live, and
+ends after the terminal status (`done`, `blocked`, `failed`, `cancelled`, or `deleted`).
+
+Each event is framed as one `event: <type>` line and one `data: <json>` line, then a blank line;
+a `: keepalive` comment line comes after 15 s of silence. The `data:` JSON is one of
+`StatusEvent`, `ProgressEvent`, `PreviewEvent` (see `JobEvent`):
+
+```
+event: status
+data: {"type": "status", "job": "…", "status": "running", "reason": "", "images": []}
+
+event: progress
+data: {"type": "progress", "job": "…", "step": 3, "total": 20}
+
+event: preview
+data: {"type": "preview", "job": "…", "step": 4, "image": "data:image/jpeg;base64,…"}
+
+event: status
+data: {"type": "status", "job": "…", "status": "done", "reason": "", "images": [{"id": "…", "index": 0, "seed": 7, "url": "/media/i/….png", "width": 64, "height": 64}]}
+```
+
+The same events arrive as text frames on the websocket `/ws/jobs/{job_id}/`.
+"""
+
+
+READINESS_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "not ready"]},
+        "checks": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "description": 'Each part (database, redis, gpu_workers): "ok" or what is wrong.',
+        },
+        "failing": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["status", "checks", "failing"],
+}
+
+
+def _register(auto_schema, name: str, schema: dict) -> dict:
+    component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, schema=schema, object=f"imagegen:{name}")
+    auto_schema.registry.register_on_missing(component)
+    return component.ref
+
+
+# --- documentation-only serializers ----------------------------------------------------------
+
+
+class ConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="Why the job cannot be cancelled.")
+    status = serializers.ChoiceField(choices=JobStatus.choices, help_text="The job's (terminal) status.")
+
+
+class ImagesResponseDataSerializer(serializers.Serializer):
+    url = serializers.CharField(required=False, help_text='An absolute URL of the PNG (response_format "url").')
+    b64_json = serializers.CharField(required=False, help_text='The PNG, base64 (response_format "b64_json").')
+    revised_prompt = serializers.CharField(required=False, allow_null=True, help_text="Always null: prompts are not rewritten.")
+
+
+class ImagesResponseSerializer(serializers.Serializer):
+    created = serializers.IntegerField(help_text="Unix time the job was created.")
+    data = ImagesResponseDataSerializer(many=True)  # type: ignore[assignment]  # a field named data
+
+
+class ModelSerializer(serializers.Serializer):
+    id = serializers.CharField(help_text="The served model version (IMAGEGEN_MODEL_VERSION).")
+    object = serializers.ChoiceField(choices=["model"])
+    created = serializers.IntegerField(help_text="Unix time the model was installed.")
+    owned_by = serializers.CharField()
+
+
+class ModelListSerializer(serializers.Serializer):
+    object = serializers.ChoiceField(choices=["list"])
+    data = ModelSerializer(many=True)  # type: ignore[assignment]  # a field named data
+
+
+# --- extensions ------------------------------------------------------------------------------
+
+
+class BearerTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "jobs.api.openai.views.BearerTokenAuthentication"
+    name = "bearerAuth"
+    priority = 1
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "The same API token as `Authorization: Token ...`, sent as `Authorization: Bearer <token>`.",
+        }
+
+
+class JobSerializerExtension(OpenApiSerializerExtension):
+    target_class = "jobs.api.serializers.JobSerializer"
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        props = schema.get("properties", {})
+        image_ref = _register(auto_schema, "JobImage", IMAGE_SCHEMA)
+        if "progress" in props:
+            props["progress"] = {**PROGRESS_SCHEMA, "readOnly": True, "description": "Steps done of the total."}
+        if "images" in props:
+            props["images"] = {
+                "type": "array",
+                "items": image_ref,
+                "readOnly": True,
+                "description": "The delivered images; empty until the job is done.",
+            }
+        if "batch" in props:
+            props["batch"] = {**BATCH_SCHEMA, "readOnly": True}
+        if "status" in props:
+            props["status"].setdefault(
+                "description",
+                "queued -> running -> done, or blocked (see blocked_stage, reason), failed (reason), "
+                "cancelled, or review (held for a moderator).",
+            )
+        return schema
+
+
+# --- the AutoSchema ------------------------------------------------------------------------
+
+_UNSAFE = {"POST", "PUT", "PATCH", "DELETE"}
+
+
+def _json(schema: dict, description: str, headers: dict | None = None) -> dict:
+    response = {"description": description, "content": {"application/json": {"schema": schema}}}
+    if headers:
+        response["headers"] = dict(headers)
+    return response
+
+
+class ImagegenAutoSchema(AutoSchema):
+    def get_tags(self) -> list[str]:
+        if self.path.startswith("/v1/"):
+            return ["openai-compatible"]
+        if self.path.startswith("/api/v1/jobs"):
+            return ["jobs"]
+        if self.path.startswith("/api/"):
+            return ["service"]
+        return super().get_tags()
+
+    def _is_openai(self) -> bool:
+        return bool(getattr(self.view, "openai_compatible", False))
+
+    def _requires_auth(self) -> bool:
+        auth = self.get_auth()
+        return bool(auth) and {} not in auth
+
+    def _error_shape(self, code: str) -> dict:
+        if self._is_openai():
+            name = "OpenAIError"
+        else:
+            name = "FieldErrors" if code == "400" else "ErrorDetail"
+        return _json({"$ref": SCHEMA_REF + name}, "")
+
+    def _error_responses(self) -> dict:
+        has_body = self.method in {"POST", "PUT", "PATCH"} and self.get_request_serializer() is not None
+        has_path_params = "{" in self.path
+        paginated = self.method == "GET" and self._is_list_view() and self._get_paginator() is not None
+        auth = self._requires_auth()
+        out: dict = {}
+        if self._is_openai():
+            err = {"$ref": SCHEMA_REF + "OpenAIError"}
+            if has_body:
+                out["400"] = _json(err, "Invalid request: `param` names the field at fault.")
+            if auth:
+                out["401"] = _json(err, "Missing or wrong API key.", WWW_AUTHENTICATE)
+            if has_path_params:
+                out["404"] = _json(err, "No such object.")
+            out["429"] = _json(err, "Too many requests.", RETRY_AFTER)
+            out["503"] = _json(err, "A backing service (database, queue) is unavailable.", RETRY_AFTER)
+            return out
+        if not auth:
+            return out
+        detail = {"$ref": SCHEMA_REF + "ErrorDetail"}
+        if has_body:
+            out["400"] = _json({"$ref": SCHEMA_REF + "FieldErrors"}, "Invalid input: field errors.")
+        out["401"] = _json(detail, "No or wrong credentials.", WWW_AUTHENTICATE)
+        if self.method in _UNSAFE:
+            out["403"] = _json(detail, "Session auth without a valid CSRF token.")
+        if has_path_params:
+            out["404"] = _json(detail, "No such job, or not yours (another user's job is a 404, never a 403).")
+        elif paginated:
+            out["404"] = _json(detail, "Invalid cursor.")
+        out["429"] = _json(detail, "Too many requests or over quota; retry after Retry-After seconds.", RETRY_AFTER)
+        out["503"] = _json(detail, "The database or the queue is unavailable; nothing was changed.", RETRY_AFTER)
+        return out
+
+    def _get_response_bodies(self, direction="response"):
+        responses = super()._get_response_bodies(direction)
+        # Shared components the error answers point at.
+        _register(self, "ErrorDetail", DETAIL_SCHEMA)
+        _register(self, "FieldErrors", FIELD_ERRORS_SCHEMA)
+        _register(self, "OpenAIError", OPENAI_ERROR_SCHEMA)
+        defaults = self._error_responses()
+        for code, response in defaults.items():
+            if code in responses:
+                # Declared by the view: keep its body, add the headers.
+                if "headers" in response:
+                    responses[code].setdefault("headers", {}).update(response["headers"])
+                continue
+            responses[code] = response
+        for code, response in responses.items():
+            if code >= "400" and "content" not in response:
+                # An error declared with a description only: the API's error shape.
+                fallback = defaults.get(code) or self._error_shape(code)
+                response["content"] = fallback["content"]
+        for code in ("429", "503"):
+            if code in responses:
+                responses[code].setdefault("headers", {}).update(RETRY_AFTER)
+        return dict(sorted(responses.items()))
+
+
+# --- plain Django views ------------------------------------------------------------------------
+
+
+def url_routes() -> dict[str, str]:
+    """OpenAPI path -> URL name for every route in the URLconf."""
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    def to_openapi(prefix: str, pattern) -> str:
+        text = str(pattern)
+        if text.startswith("^") or text.endswith("$"):
+            text = text.lstrip("^").rstrip("$")
+            text = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", text)
+            text = text.replace("\\", "")
+        else:
+            text = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", text)
+        return prefix + text
+
+    routes: dict[str, str] = {}
+
+    def walk(patterns, prefix: str) -> None:
+        for p in patterns:
+            if isinstance(p, URLResolver):
+                walk(p.url_patterns, to_openapi(prefix, p.pattern))
+            elif isinstance(p, URLPattern):
+                routes["/" + to_openapi(prefix, p.pattern)] = p.name or ""
+
+    walk(get_resolver().url_patterns, "")
+    return routes
+
+
+_JOB_ID = {
+    "name": "job_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "format": "uuid"},
+}
+_TOKEN_OR_SESSION: list[dict[str, list]] = [{"tokenAuth": []}, {"cookieAuth": []}]
+
+
+def _plain_operations() -> dict[str, dict]:
+    detail = {"$ref": SCHEMA_REF + "ErrorDetail"}
+    return {
+        "/healthz": {
+            "get": {
+                "operationId": "healthz",
+                "summary": "Liveness",
+                "description": "200 while the web process is up; checks nothing else.",
+                "tags": ["service"],
+                "security": [{}],
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "properties": {"status": {"type": "string", "enum": ["ok"]}}, "required": ["status"]},
+                        "The process is up.",
+                    )
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "operationId": "readyz",
+                "summary": "Readiness",
+                "description": "200 when the database, Redis and the GPU workers answer; 503 naming the failing part.",
+                "tags": ["service"],
+                "security": [{}],
+                "responses": {
+                    "200": _json({"$ref": SCHEMA_REF + "Readiness"}, "Ready."),
+                    "503": _json({"$ref": SCHEMA_REF + "Readiness"}, "Not ready: `failing` names the failing parts."),
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics",
+                "tags": ["service"],
+                "security": [{}],
+                "responses": {
+                    "200": {"description": "Prometheus text exposition format.", "content": {"text/plain": {"schema": {"type": "string"}}}},
+                },
+            }
+        },
+        "/api/v1/jobs/{job_id}/events": {
+            "get": {
+                "operationId": "api_v1_jobs_events_retrieve",
+                "summary": "Watch a job (server-sent events)",
+                "description": SSE_DESCRIPTION,
+                "tags": ["jobs"],
+                "parameters": [_JOB_ID],
+                "security": _TOKEN_OR_SESSION,
+                "responses": {
+                    "200": {
+                        "description": "The event stream; ends after the terminal status.",
+                        "content": {
+                            "text/event-stream": {
+                                # Before OpenAPI 3.2 (itemSchema), `schema` describes one event.
+                                "schema": {"$ref": SCHEMA_REF + "ServerSentEvent"},
+                                "x-data-schema": {"$ref": SCHEMA_REF + "JobEvent"},
+                            }
+                        },
+                    },
+                    "401": _json(detail, "No or wrong credentials.", WWW_AUTHENTICATE),
+                    "404": _json(detail, "No such job, or not yours."),
+                    "503": _json(detail, "The database or the queue is unavailable.", RETRY_AFTER),
+                },
+            }
+        },
+        "/v1/{path}": {
+            method: {
+                "operationId": f"openai_unknown_{method}",
+                "summary": "Any other path under /v1",
+                "description": "Not a route: 404 in the OpenAI error shape (code `unknown_url`), never an HTML page.",
+                "tags": ["openai-compatible"],
+                "security": [{}],
+                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"404": _json({"$ref": SCHEMA_REF + "OpenAIError"}, "No such route.")},
+            }
+            for method in ("get", "post")
+        },
+        "/media/i/{key}": {
+            "get": {
+                "operationId": "media_image_retrieve",
+                "summary": "A delivered image",
+                "description": (
+                    "The file behind an image `url` (local storage; with S3 the URLs point at the bucket), in the "
+                    "job's output format (png, jpeg, webp; the extension says which, the Content-Type follows it), "
+                    "with the generation parameters inside (docs/api.md, Image files). Immutable: cached for a year. "
+                    "No auth: the key is unguessable."
+                ),
+                "tags": ["images"],
+                "security": [{}],
+                "parameters": [
+                    {
+                        "name": "key",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": r"^[0-9a-f]{32}\.(png|jpeg|webp)$"},
+                        "description": "32 hex digits and `.png`, `.jpeg` or `.webp`.",
+                    }
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The image.",
+                        "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in ("image/png", "image/jpeg", "image/webp")},
+                    },
+                    "404": {"description": "No such image.", "content": {"text/html": {"schema": {"type": "string"}}}},
+                    "503": _json(detail, "The database is unavailable.", RETRY_AFTER),
+                },
+            }
+        },
+    }
+
+
+def document_plain_views(result, generator, request, public):
+    """Postprocessing hook: add the plain Django routes present in the URLconf and the event schemas."""
+    routes = url_routes()
+    paths = result.setdefault("paths", {})
+    for path, item in _plain_operations().items():
+        if path in routes and path not in paths:
+            paths[path] = item
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in (
+        ("ErrorDetail", DETAIL_SCHEMA),
+        ("JobImage", IMAGE_SCHEMA),
+        ("StatusEvent", STATUS_EVENT_SCHEMA),
+        ("ProgressEvent", PROGRESS_EVENT_SCHEMA),
+        ("PreviewEvent", PREVIEW_EVENT_SCHEMA),
+        ("JobEvent", JOB_EVENT_SCHEMA),
+        ("ServerSentEvent", SERVER_SENT_EVENT_SCHEMA),
+        ("OpenAIError", OPENAI_ERROR_SCHEMA),
+        *((("Readiness", READINESS_SCHEMA),) if "/readyz" in paths else ()),
+    ):
+        schemas.setdefault(name, schema)
+    result["components"]["schemas"] = dict(sorted(schemas.items()))
+    security = result["components"].setdefault("securitySchemes", {})
+    security.setdefault(
+        "tokenAuth",
+        {"type": "apiKey", "in": "header", "name": "Authorization", "description": 'Token-based authentication with required prefix "Token"'},
+    )
+    security.setdefault("cookieAuth", {"type": "apiKey", "in": "cookie", "name": "sessionid"})
+    result["paths"] = dict(sorted(paths.items()))
+    return result
+
+
+class RefusedSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="Why the job was refused.")
+    limit = serializers.CharField(required=False, allow_blank=True, help_text="Which limit (e.g. jobs_in_flight).")
+    eta_seconds = serializers.FloatField(required=False, allow_null=True, help_text="The estimated wait that was too long, if that was the reason.")
+    retry_after = serializers.IntegerField(required=False, help_text="Seconds; the same as the Retry-After header.")
+
+
+class QueueShapeSerializer(serializers.Serializer):
+    jobs = serializers.IntegerField(required=False)
+    images = serializers.IntegerField(required=False)
+    estimated_wait_seconds = serializers.FloatField(required=False, allow_null=True)
+
+
+class QueueModelSerializer(serializers.Serializer):
+    model = serializers.CharField(help_text="The lane: the model's name, name@version for a version other than the default.")
+    version = serializers.CharField(required=False, help_text="What a job's `model` field names.")
+    display_name = serializers.CharField(required=False, help_text="The model as the page shows it.")
+    default = serializers.BooleanField(required=False, help_text="The version a job without `model` runs on.")
+    default_steps = serializers.IntegerField(required=False)
+    max_steps = serializers.IntegerField(required=False)
+    guidance_scale = serializers.FloatField(required=False)
+    active_workers = serializers.IntegerField(required=False, allow_null=True)
+    queued_images = serializers.IntegerField(required=False)
+    queued_gpu_seconds = serializers.FloatField(required=False, allow_null=True)
+    estimated_wait_seconds = serializers.FloatField(required=False, allow_null=True, help_text="For a new job of the default shape.")
+    shapes = QueueShapeSerializer(many=True, required=False, help_text="Per shape (width, height, steps, ...): queue depth and wait.")
+
+
+class QueueSerializer(serializers.Serializer):
+    models = QueueModelSerializer(many=True)
+
+
+class AppealRequestSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, max_length=1000, help_text="A note for the moderator.")

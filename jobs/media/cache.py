@@ -1,0 +1,165 @@
+"""The request-hash cache: an image is a pure function of its inputs, so an identical request
+reuses the stored image instead of spending the GPU again.
+
+Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
+guidance, scheduler, per-image seed, safety policy version, the image gate's identity), with the
+owner in the key for the per-user scope. The gate's identity in the key is the one that judged
+the image (recorded on its verdict), and a lookup uses the gate configured now, so an image
+judged by another classifier, or by none, is never served. Value: the id of a stored image. An
+entry is served only while its image is delivered (public tier, job done, an allow verdict by
+that gate) and its bytes exist; anything else is a miss and the entry is dropped. Unchecked
+images (classifier `none`) never enter the cache.
+
+The output format is not in the key (the pixels do not depend on it): a hit stored in another
+format is converted (`in_format`), not generated again.
+
+Scope (IMAGEGEN_CACHE_SCOPE). A shared cache is an oracle: a hit is done in the submit answer,
+so anyone could test in one request whether another user asked for a given (prompt, seed).
+  user             (default) an entry serves only the user whose request made it
+  global-unseeded  requests without an explicit seed are shared (with IMAGEGEN_SEED_POLICY=fixed
+                   that is where repeats come from); seeded ones stay per user. A hit still says
+                   that someone asked for that prompt, so it suits a service whose prompts are
+                   not secret from each other
+  global           every entry serves everyone
+Each delivered image is remembered under both keys (its owner's and the shared one), so the
+scope is decided where the lookup happens and a change of setting applies at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+
+from django.conf import settings
+
+from imagegen.redis_client import PREFIX, get_redis
+from safety.gate_identity import gate_identity, is_unchecked
+from safety.policy_version import policy_version
+
+log = logging.getLogger(__name__)
+
+TTL_SECONDS = 30 * 24 * 3600
+HITS_KEY = f"{PREFIX}stats:cache_hits"
+MISSES_KEY = f"{PREFIX}stats:cache_misses"
+
+
+SCOPES = ("user", "global-unseeded", "global")
+
+
+def shares(seed_given: bool) -> bool:
+    """Whether a request may be served from (and seen in) the shared entries under the scope."""
+    scope = settings.IMAGEGEN_CACHE_SCOPE
+    return scope == "global" or (scope == "global-unseeded" and not seed_given)
+
+
+def request_key(job, index: int, owner_id=None, shared: bool = False, classifier: str | None = None) -> str:
+    canonical = {
+        "model": job.model_version,
+        "prompt": job.prompt,
+        "negative_prompt": job.negative_prompt,
+        "width": job.width,
+        "height": job.height,
+        "steps": job.steps,
+        "guidance": round(float(job.guidance_scale), 4),
+        "scheduler": job.scheduler,
+        "seed": int(job.seed) + index,
+        "policy": policy_version(),
+        "gate": classifier if classifier is not None else gate_identity(),
+    }
+    if not shared:
+        canonical["owner"] = owner_id if owner_id is not None else job.owner_id
+    digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+    return f"{PREFIX}rc:{digest}"
+
+
+def _servable(image_id: str):
+    from jobs.media.storage import public_storage
+    from jobs.models import GeneratedImage
+
+    image = GeneratedImage.objects.select_related("job").filter(id=image_id, tier="public", job__status="done", bytes_dropped=False, lost=False).first()
+    if image is None:
+        return None
+    if image.verdicts.filter(stage="image").exclude(decision="allow").exists():
+        return None
+    if not image.verdicts.filter(stage="image", decision="allow", classifier=gate_identity()).exists():
+        return None  # judged by another gate (or none): this gate has not allowed it
+    if not public_storage().exists(image.storage_key):
+        return None
+    return image
+
+
+def lookup(job, shared: bool = False) -> dict[int, object]:
+    """index -> a servable cached image, for the indices that hit: the owner's own entries,
+    and with `shared` (see shares()) the shared ones."""
+    if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
+        return {}
+    r = get_redis()
+    scopes = (False, True) if shared else (False,)
+    keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in scopes]
+    found = {}
+    for n, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+        index = n // len(scopes)
+        if index in found:
+            continue
+        image = _servable(image_id) if image_id else None
+        if image is not None:
+            found[index] = image
+        elif image_id:
+            r.delete(key)  # purged, blocked or lost since: never serve it again
+    if found:
+        r.incrby(HITS_KEY, len(found))
+    if job.count - len(found):
+        r.incrby(MISSES_KEY, job.count - len(found))
+    return found
+
+
+def remember(job) -> None:
+    """After delivery: point each request key at its delivered image."""
+    if not settings.IMAGEGEN_CACHE_ENABLED or job.status != "done":
+        return
+    prompt_allowed = job.verdicts.filter(stage="prompt", decision="allow").exists()
+    if not prompt_allowed:
+        return  # a moderator-approved prompt is never reused for someone else without review
+    pipe = get_redis().pipeline()
+    for image in job.images.filter(tier="public"):
+        judged_by = image.verdicts.filter(stage="image", decision="allow").values_list("classifier", flat=True).first()
+        if not judged_by or is_unchecked(judged_by):
+            continue  # unchecked (or a cache hit itself, already keyed): never a cache entry
+        for shared in (False, True):
+            pipe.set(request_key(job, image.index, shared=shared, classifier=judged_by), str(image.id), ex=TTL_SECONDS)
+    pipe.execute()
+
+
+def stats() -> dict:
+    hits, misses = get_redis().mget([HITS_KEY, MISSES_KEY])
+    return {"hits": int(hits or 0), "misses": int(misses or 0)}
+
+
+def in_format(job, cached: dict[int, object]) -> dict[int, object]:
+    """The hits, each in the job's output format: one stored in another format is decoded and
+    encoded again with this job's parameters, written to quarantine and published (its pixels
+    were judged already: they are the cached image's). The copy names its source (source_key),
+    so a moderator's take-down of either reaches both. Same format: shared as it is."""
+    from jobs.media import encoding
+    from jobs.media.storage import public_storage, publish_object, store_quarantined
+
+    out: dict[int, object] = {}
+    for index, image in cached.items():
+        key = image.storage_key  # type: ignore[attr-defined]
+        if encoding.format_of_key(key) == job.output_format:
+            out[index] = image
+            continue
+        with public_storage().open(key, "rb") as fh:
+            data = fh.read()
+        parameters = encoding.ImageParameters.of(job, int(job.seed) + index)
+        encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
+        stored = store_quarantined(encoded.data, encoded.extension)
+        publish_object(stored.key)
+        converted = copy.copy(image)
+        converted.storage_key, converted.byte_size, converted.sha256 = stored.key, stored.byte_size, stored.sha256  # type: ignore[attr-defined]
+        converted.content_type = encoded.content_type  # type: ignore[attr-defined]
+        converted.source_key = image.source_key or key  # type: ignore[attr-defined]
+        out[index] = converted
+    return out

@@ -1,0 +1,64 @@
+"""The classify stage (the classify queue): the image gate on a batch's quarantined images, one
+verdict per image, then the batch moves on to publish.
+
+Its workers read the images from quarantine (the bytes never pass through the broker). In
+production they are pinned to a GPU (IMAGEGEN_DEVICE) or run on a cheap fleet; in the embedded
+default the cpu/io worker serves the classify queue too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from PIL import Image
+
+from jobs import actions
+from jobs.media.storage import quarantine_storage
+from jobs.models import Batch, BatchStage
+from safety import image_gate
+
+log = logging.getLogger(__name__)
+
+GATE_TRIES = 3
+
+
+def _load(key: str) -> Image.Image:
+    with quarantine_storage().open(key, "rb") as f:
+        image = Image.open(f)
+        image.load()
+    return image.convert("RGB")
+
+
+def _judge(images: list[Image.Image]) -> tuple[list | None, str]:
+    last = ""
+    for attempt in range(GATE_TRIES):
+        try:
+            return image_gate.judge(images), ""
+        except image_gate.ImageGateError as exc:
+            last = str(exc)
+            log.warning("image gate attempt %s failed: %s", attempt + 1, exc)
+    return None, last
+
+
+def classify(batch_id: str) -> bool:
+    """Judge the batch; True when it moved on to publish (False: judged already, a duplicate)."""
+    from safety.gate_identity import gate_identity
+    from safety.models import SafetyVerdict
+
+    batch = Batch.objects.filter(id=batch_id, stage=BatchStage.CLASSIFY).first()
+    if batch is None:
+        return False
+    rows = actions.live_images(batch)
+    pictures = [_load(row.storage_key) for row in rows]  # storage errors propagate: the task retries
+    judgements, gate_error = _judge(pictures) if pictures else ([], "")
+    verdicts = [] if judgements is None else [
+        SafetyVerdict(
+            job_id=row.job_id, image=row, image_index=row.index, stage="image", decision=j.decision,
+            # The reason is what the person who asked is told (the policy's sentence); the
+            # classifier's detail (label, score, threshold) is kept for moderators.
+            category=j.category, score=j.score, reason=j.user_reason or j.reason, notes=j.reason,
+            policy_version=j.version, classifier=gate_identity(),
+        )
+        for row, j in zip(rows, judgements, strict=True)
+    ]
+    return actions.record_verdicts(batch_id, verdicts, gate_error)

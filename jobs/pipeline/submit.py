@@ -1,0 +1,94 @@
+"""Submitting a job: limits, the request-hash cache, admission, the row, then the first stage."""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from imagegen import metrics
+from jobs import actions
+from jobs.access import usage
+from jobs.admission import control as admission
+from jobs.media import cache
+from jobs.models import GenerationJob
+from scheduling import lanes, scheduler
+
+
+def submit_job(owner, data: dict) -> GenerationJob:
+    """Admit a validated request: served from the request-hash cache when every image is
+    there (done at once, no queue, no GPU), else queued with only the missing images to make,
+    and its prompt check dispatched after commit. Raises admission.Refused (429) past the
+    user's limits or the honest wait limit. The job's estimate is left on job.estimate.
+
+    The user's limits are checked twice: the in-flight limit first without a lock, so a user at
+    it costs no estimate, then all of them inside the transaction that inserts the job, under
+    the user's lock (jobs/access/usage.py), so concurrent submits cannot all pass one count."""
+    from jobs.pipeline.tasks import check_prompt
+
+    seed = data.get("seed")
+    shared = cache.shares(seed_given=seed is not None)
+    if seed is None:
+        seed = settings.IMAGEGEN_FIXED_SEED if settings.IMAGEGEN_SEED_POLICY == "fixed" else secrets.randbelow(2**32)
+    priority = data.get("priority") or "interactive"
+    admission.check_user_limits(owner, None, priority)
+    job = GenerationJob(
+        owner=owner,
+        prompt=data["prompt"],
+        negative_prompt=data.get("negative_prompt", ""),
+        width=data["width"],
+        height=data["height"],
+        steps=data["steps"],
+        guidance_scale=data["guidance_scale"],
+        seed=seed,
+        count=data["count"],
+        progress_total=data["steps"],
+        output_format=data.get("output_format") or "png",
+        output_compression=data.get("output_compression"),
+        regenerates=data.get("regenerates"),
+        scheduler=data.get("variant", ""),  # a quality tier's levers (gpu_tasks/levers.py)
+        **_integration_fields(data),
+    )
+    job.model_version = data.get("model") or lanes.pick_version(job.id)
+    cached = cache.lookup(job, shared)
+    job.estimate = None
+    if len(cached) < job.count:
+        def shape_for(steps: int) -> str:
+            return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
+
+        steps, job.estimate = admission.admit_or_degrade(
+            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
+            scheduler.tier_of(job.priority),
+        )
+        if steps != job.steps:
+            metrics.inc("imagegen_degraded_total")
+            job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
+            cached = cache.lookup(job, shared)
+    cached = cache.in_format(job, cached)  # a hit stored in another format is converted, not made again
+    job.billable_images = job.count - len(cached)
+    with transaction.atomic():
+        usage.lock_user(owner.pk)
+        admission.check_user_limits(owner, job.billable_images, job.priority)
+        if len(cached) == job.count:
+            actions.finish_from_cache(job, cached)
+        else:
+            admission.count_prompt_check(owner)
+            actions.create_queued(job, cached)
+            # Robust: a broker outage must not turn an accepted (committed) job into an error
+            # answer that invites a duplicate; the reaper re-sends lost prompt checks.
+            transaction.on_commit(lambda: check_prompt.delay(str(job.id)), robust=True)
+    return job
+
+
+def _integration_fields(data: dict) -> dict:
+    """Priority tier, deadline (cancel_after seconds from now) and webhook URL (issue 19)."""
+    cancel_after = data.get("cancel_after")
+    return {
+        "priority": data.get("priority") or "interactive",
+        "cancel_after": cancel_after,
+        "deadline_at": timezone.now() + timedelta(seconds=cancel_after) if cancel_after else None,
+        "webhook_url": data.get("webhook_url") or "",
+    }

@@ -1,0 +1,113 @@
+"""WS /ws/jobs/<id>/: the job's events as JSON text frames, owner only, current state first.
+
+Refusals of who may watch happen at the handshake (the consumer closes before accepting, which
+the server turns into HTTP 403): not the owner, not signed in, or (through
+AllowedHostsOriginValidator in imagegen/asgi.py) an Origin that is not an allowed host. A
+stream that may not start now is accepted, sent one `{"type": "error", "detail", "limit",
+"retry_after"}` frame and closed with a code the client can act on: 4429 past the user's
+open-stream cap (IMAGEGEN_USER_MAX_STREAMS), 4503 when Redis is unavailable (the websocket
+twin of 503 + Retry-After; daphne allows only 1000 and 3000-4999 from the server, and drops
+close reasons, hence the frame). After the terminal status the
+server closes the socket with code 1000. The row's status arrives every
+IMAGEGEN_WATCH_REREAD_SECONDS even when events are lost (a Redis restart): see jobs/realtime/state.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+
+from jobs.api.errors import RETRY_AFTER_SECONDS
+from jobs.realtime import streams
+from jobs.realtime.state import EventOrder, current_events, job_hub, owned_job
+
+CLOSE_NORMAL = 1000
+CLOSE_UNAVAILABLE = 4503
+CLOSE_TOO_MANY_STREAMS = 4429
+CLOSE_NOT_FOUND = 4404  # sent before accept, so clients see a refused handshake (HTTP 403)
+
+
+class JobEventsConsumer(AsyncJsonWebsocketConsumer):
+    """Transport only: ownership checked at connect, the job's events from the process's
+    JobHub, current state first."""
+
+    # No channel of its own: events come through the JobHub. Channels would otherwise give each
+    # socket a channel-layer channel and a Redis pop loop, whose error during a Redis restart
+    # ended the socket (close 1011) without the terminal status. An alias that is not
+    # configured means no layer (channels.layers.get_channel_layer answers None).
+    channel_layer_alias = "none: events come through the JobHub"
+
+    async def connect(self):
+        self.job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
+        self.subscription = None
+        self.forwarder = None
+        self.slot = None
+        self.order = EventOrder()
+        user = self.scope.get("user")
+        job = await owned_job(user, self.job_id)
+        if job is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        try:
+            self.slot = await streams.acquire(user.pk)
+        except streams.StreamsUnavailable:
+            await self._refuse(CLOSE_UNAVAILABLE, "Live events are unavailable; try again shortly.", "unavailable",
+                               RETRY_AFTER_SECONDS)
+            return
+        if self.slot is None:
+            await self._refuse(CLOSE_TOO_MANY_STREAMS, (
+                f"You have {settings.IMAGEGEN_USER_MAX_STREAMS} event streams open (websockets and SSE); close one "
+                "first."), "streams", streams.retry_after())
+            return
+        # Subscribe before reading the state, so nothing in between is missed; live events
+        # wait in the subscription's queue until the replay is out, and EventOrder drops what
+        # the replay already covered.
+        self.subscription = await job_hub().subscribe(self.job_id)
+        await self.accept()
+        for event in await current_events(self.job_id):
+            await self._send(event)
+        if not self.order.finished:
+            self.forwarder = asyncio.create_task(self._forward())
+
+    async def _refuse(self, code: int, detail: str, limit: str, retry_after: int) -> None:
+        await self.accept()
+        await self.send_json({"type": "error", "job": self.job_id, "detail": detail, "limit": limit,
+                              "retry_after": retry_after})
+        await self.close(code=code)
+
+    async def _forward(self):
+        while not self.order.finished:
+            try:
+                event = await asyncio.wait_for(self.subscription.queue.get(), settings.IMAGEGEN_WATCH_REREAD_SECONDS)
+            except TimeoutError:
+                await self.slot.refresh()
+                continue
+            await self._send(event)
+            await self.slot.refresh()
+
+    async def disconnect(self, code):
+        if self.forwarder is not None:
+            self.forwarder.cancel()
+            self.forwarder = None
+        if self.subscription is not None:
+            await self.subscription.close()
+            self.subscription = None
+        if self.slot is not None:
+            await self.slot.release()
+            self.slot = None
+
+    async def _send(self, event: dict) -> None:
+        if not self.order.admit(event):
+            return
+        await self.send_json(event)
+        if self.order.finished:
+            await self.close(code=CLOSE_NORMAL)
+
+    async def receive_json(self, content, **kwargs):
+        pass  # the socket is one-way; cancel goes through the REST API
+
+    @classmethod
+    async def decode_json(cls, text_data):
+        return None  # ignore anything the client sends, even if it is not JSON

@@ -1,5 +1,0 @@
-from django.urls import path
-
-from jobs.consumers import JobEventsConsumer
-
-websocket_urlpatterns = [path("ws/jobs/<uuid:job_id>/", JobEventsConsumer.as_asgi())]

@@ -1,0 +1,309 @@
+"""Signed completion webhooks (the Standard Webhooks scheme, https://www.standardwebhooks.com).
+
+A job with a `webhook_url` gets a POST on each terminal status (done, blocked, failed,
+cancelled). The body is the job's JSON (as GET /api/v1/jobs/<id> answers it), with headers
+
+    webhook-id: msg_<hex>            the same for every attempt of one delivery
+    webhook-timestamp: <unix seconds> of the attempt
+    webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">
+
+keyed with the owner's secret (`whsec_<base64 of 32 random bytes>`; the key is the decoded
+bytes), returned by GET /api/v1/account and rotated by POST /api/v1/account/webhook-secret.
+
+No delivery is lost: jobs/actions writes the WebhookDelivery row (the outbox) in the same
+transaction as the terminal status change (record_terminal, from actions.notify); after commit
+a task on the io queue delivers it. An attempt first takes a lease on the row (next_attempt_at
+moves past the attempt's timeout plus IMAGEGEN_WEBHOOK_LEASE_SLACK), so a worker killed
+mid-attempt, or a dispatch lost with the broker, leaves a row that the reaper sends again
+once the lease ends. A failed attempt (no 2xx answer in IMAGEGEN_WEBHOOK_TIMEOUT, a
+redirect, a refused address) is retried with exponential backoff (IMAGEGEN_WEBHOOK_BACKOFF
+seconds, doubling, at most an hour apart) until IMAGEGEN_WEBHOOK_RETRY_HOURS after the status
+change; then the row is marked given up. Every attempt is logged on the row (the admin shows it).
+Delivery is at least once: receivers deduplicate by webhook-id.
+
+Targets: https, or http to a loopback address when IMAGEGEN_EMBEDDED. Private, loopback,
+link-local and other non-public addresses are refused unless IMAGEGEN_EMBEDDED, both when the
+URL is given and at each attempt (the name is resolved once per attempt and the connection made
+to the checked address, so a DNS answer that changes in between cannot redirect it). Redirects
+are never followed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import http.client
+import ipaddress
+import json
+import logging
+import secrets
+import socket
+import ssl
+import time
+from datetime import timedelta
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+log = logging.getLogger(__name__)
+
+SECRET_PREFIX = "whsec_"
+MAX_BACKOFF = 3600.0
+DELIVER_TASK = "jobs.pipeline.tasks.deliver_webhook"
+
+
+class WebhookURLError(ValueError):
+    pass
+
+
+# --- secrets and signatures ---
+
+def new_secret() -> str:
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+def secret_for(user) -> str:
+    """The user's signing secret, made on first use."""
+    from jobs.models import WebhookSecret
+
+    row, _ = WebhookSecret.objects.get_or_create(user=user, defaults={"secret": new_secret()})
+    return row.secret
+
+
+def rotate_secret(user) -> str:
+    from jobs.models import WebhookSecret
+
+    secret = new_secret()
+    WebhookSecret.objects.update_or_create(user=user, defaults={"secret": secret, "created_at": timezone.now()})
+    return secret
+
+
+def sign(secret: str, msg_id: str, timestamp: int, body: str) -> str:
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.{body}".encode(), hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def verify(secret: str, headers: dict, body: str, tolerance: float = 300.0) -> bool:
+    """What a receiver does (the tests use it): any of the space-separated v1 signatures
+    matches, and the timestamp is within `tolerance` seconds of now."""
+    msg_id, timestamp = headers.get("webhook-id", ""), headers.get("webhook-timestamp", "")
+    if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > tolerance:
+        return False
+    expected = sign(secret, msg_id, int(timestamp), body)
+    return any(hmac.compare_digest(expected, sig) for sig in headers.get("webhook-signature", "").split())
+
+
+# --- targets ---
+
+def _is_loopback_literal(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _public(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return ip.is_global and not ip.is_multicast
+
+
+def _resolve(host: str, port: int) -> list[str]:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise WebhookURLError(f"the host {host!r} does not resolve ({exc})") from None
+    return sorted({str(info[4][0]) for info in infos})
+
+
+def _check_addresses(host: str, addresses: list[str], scheme: str) -> None:
+    embedded = settings.EMBEDDED
+    for address in addresses:
+        ip = ipaddress.ip_address(address)
+        if scheme == "http" and not ip.is_loopback:
+            raise WebhookURLError("http is allowed only to a loopback address (and only when embedded); use https")
+        if not embedded and not _public(address):
+            raise WebhookURLError(f"{host!r} resolves to {address}, a private or reserved address")
+
+
+def _parts(url: str) -> tuple[str, str, int, str]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise WebhookURLError("is not a valid URL") from None
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        raise WebhookURLError("must be an https URL")
+    if scheme == "http" and not settings.EMBEDDED:
+        raise WebhookURLError("must be an https URL (http is allowed only to loopback when embedded)")
+    if not parts.hostname:
+        raise WebhookURLError("has no host")
+    if scheme == "http" and parts.hostname != "localhost" and not _is_loopback_literal(parts.hostname):
+        raise WebhookURLError("must be an https URL (http is allowed only to a loopback address when embedded)")
+    if parts.username or parts.password:
+        raise WebhookURLError("must not carry a user name or password")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return scheme, parts.hostname, port or (443 if scheme == "https" else 80), path
+
+
+def validate_url(url: str) -> str:
+    """The URL if it may be a webhook target, else WebhookURLError saying why."""
+    if len(url) > 2000:
+        raise WebhookURLError("is longer than 2000 characters")
+    scheme, host, port, _ = _parts(url)
+    _check_addresses(host, _resolve(host, port), scheme)
+    return url
+
+
+# --- the outbox ---
+
+def record_terminal(job_ids) -> None:
+    """Called inside the transaction that moved these jobs (jobs.actions.notify): an outbox row
+    for each job now in a terminal status with a webhook URL, and its delivery after commit."""
+    from jobs.api.serializers import JobSerializer
+    from jobs.models import TERMINAL_STATUSES, GenerationJob, WebhookDelivery
+
+    jobs = list(GenerationJob.objects.filter(id__in=list(job_ids), status__in=list(TERMINAL_STATUSES))
+                .exclude(webhook_url="").select_related("batch").prefetch_related("images"))
+    made = []
+    for job in jobs:
+        if WebhookDelivery.objects.filter(job=job, status=job.status).exists():
+            continue
+        body = json.dumps(JobSerializer(job).data, separators=(",", ":"), default=str)
+        # The dispatch after commit holds the row for one lease; should it be lost, the reaper
+        # sends the row once that lease ends.
+        made.append(WebhookDelivery.objects.create(job=job, status=job.status, url=job.webhook_url, body=body,
+                                                   next_attempt_at=timezone.now() + timedelta(seconds=lease_seconds())).id)
+    if made:
+        transaction.on_commit(lambda: send_deliveries(made, first=True), robust=True)
+
+
+def lease_seconds() -> float:
+    return settings.IMAGEGEN_WEBHOOK_TIMEOUT + settings.IMAGEGEN_WEBHOOK_LEASE_SLACK
+
+
+def send_deliveries(delivery_ids, first: bool = False) -> None:
+    """Dispatch attempts; a lost dispatch is the reaper's (resend_due)."""
+    from celery import current_app
+
+    for delivery_id in delivery_ids:
+        try:
+            current_app.send_task(DELIVER_TASK, args=[str(delivery_id)], kwargs={"first": True} if first else {})
+        except Exception:
+            log.warning("could not dispatch webhook %s; the reaper will", delivery_id, exc_info=True)
+
+
+def resend_due(limit: int = 500) -> int:
+    """The reaper: undelivered rows whose next attempt is due (a lost dispatch, a worker killed
+    mid-attempt once its lease ends, a retry whose countdown was lost)."""
+    from jobs.models import WebhookDelivery
+
+    due = list(WebhookDelivery.objects.filter(delivered_at=None, gave_up_at=None, next_attempt_at__lte=timezone.now())
+               .order_by("next_attempt_at").values_list("id", flat=True)[:limit])
+    send_deliveries(due)
+    return len(due)
+
+
+def backoff(attempts: int) -> float:
+    return min(MAX_BACKOFF, settings.IMAGEGEN_WEBHOOK_BACKOFF * 2 ** max(0, attempts - 1))
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    """HTTPS to a checked address, with the certificate checked for the URL's host name."""
+
+    def __init__(self, address: str, host: str, port: int, timeout: float):
+        self._tls = ssl.create_default_context()
+        super().__init__(address, port, timeout=timeout, context=self._tls)
+        self._server_name = host
+
+    def connect(self) -> None:
+        sock = socket.create_connection((self.host, self.port), self.timeout)
+        self.sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
+
+
+def _post(url: str, headers: dict, body: bytes, timeout: float) -> int:
+    """POST once, to the address checked now; the HTTP status (redirects are not followed)."""
+    scheme, host, port, path = _parts(url)
+    addresses = _resolve(host, port)
+    _check_addresses(host, addresses, scheme)
+    address = addresses[0]
+    conn: http.client.HTTPConnection
+    if scheme == "https":
+        conn = _PinnedHTTPS(address, host, port, timeout)
+    else:
+        conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=body, headers={**headers, "Host": host if port in (80, 443) else f"{host}:{port}"})
+        response = conn.getresponse()
+        response.read(65536)
+        return response.status
+    finally:
+        conn.close()
+
+
+def deliver(delivery_id: str, first: bool = False) -> str:
+    """One attempt (the io task): lease the row (counting the attempt), POST, record the
+    outcome, schedule a retry. `first`: the dispatch made on commit, which may take the row
+    before its first lease ends; any other attempt only once the row is due."""
+    from django.db.models import F, Q
+
+    from jobs.models import WebhookDelivery
+
+    now = timezone.now()
+    timeout = settings.IMAGEGEN_WEBHOOK_TIMEOUT
+    due = Q(next_attempt_at__lte=now) | Q(attempts=0) if first else Q(next_attempt_at__lte=now)
+    leased = WebhookDelivery.objects.filter(due, id=delivery_id, delivered_at=None, gave_up_at=None).update(
+        next_attempt_at=now + timedelta(seconds=lease_seconds()), attempts=F("attempts") + 1
+    )
+    if not leased:
+        return "not due"
+    row = WebhookDelivery.objects.select_related("job__owner").get(id=delivery_id)
+    attempt = row.attempts
+    timestamp = int(time.time())
+    headers = {
+        "content-type": "application/json",
+        "user-agent": "imagegen-webhooks/1",
+        "webhook-id": row.message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret_for(row.job.owner), row.message_id, timestamp, row.body),
+    }
+    started = time.monotonic()
+    code, error = None, ""
+    try:
+        code = _post(row.url, headers, row.body.encode(), timeout)
+        if not 200 <= code < 300:
+            error = f"HTTP {code}" + (" (redirects are not followed)" if 300 <= code < 400 else "")
+    except WebhookURLError as exc:
+        error = f"refused target: {exc}"
+    except (OSError, http.client.HTTPException) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    seconds = round(time.monotonic() - started, 3)
+    entry = {"attempt": attempt, "at": timezone.now().isoformat(), "status": code, "error": error, "seconds": seconds}
+    fields: dict = {"last_status_code": code, "last_error": error, "log": [*row.log, entry][-50:]}
+    if not error:
+        fields["delivered_at"] = timezone.now()
+        outcome = "delivered"
+    else:
+        retry_at = timezone.now() + timedelta(seconds=backoff(attempt))
+        if retry_at > row.created_at + timedelta(hours=settings.IMAGEGEN_WEBHOOK_RETRY_HOURS):
+            fields["gave_up_at"] = timezone.now()
+            outcome = "gave up"
+        else:
+            fields["next_attempt_at"] = retry_at
+            outcome = "retry"
+    WebhookDelivery.objects.filter(id=delivery_id, attempts=attempt).update(**fields)
+    if outcome == "retry":
+        log.info("webhook %s attempt %s failed (%s); retrying in %.1fs", row.message_id, attempt, error, backoff(attempt))
+        try:
+            from celery import current_app
+
+            current_app.send_task(DELIVER_TASK, args=[str(delivery_id)], countdown=backoff(attempt))
+        except Exception:
+            log.warning("could not schedule webhook %s's retry; the reaper will", delivery_id, exc_info=True)
+    elif outcome == "gave up":
+        log.warning("webhook %s to %s given up after %s attempts: %s", row.message_id, row.url, attempt, error)
+    return outcome
