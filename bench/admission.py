@@ -325,7 +325,7 @@ def main() -> None:
     try:
         stack.manage("migrate", "--noinput")
         tokens = [stack.manage("issue_token", f"load{k}").strip().splitlines()[-1] for k in range(8)]
-        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
+        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
         no_limit = {"IMAGEGEN_MAX_QUEUE_WAIT": "100000"}
         stack.start_web(port, **no_limit)
         wait_web(base_url)

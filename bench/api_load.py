@@ -325,7 +325,7 @@ def main() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         stack.manage("migrate", "--noinput")
         users = make_users(a.users)
-        cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
+        cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
         gpu = stack.start_worker("gpu0", settings.QUEUE_GPU)
         for proc in (cpu, gpu):
             os.setpriority(os.PRIO_PROCESS, proc.pid, 10)

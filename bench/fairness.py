@@ -76,7 +76,7 @@ def run(a, fair: bool) -> dict:
         stack.manage("migrate", "--noinput")
         users = ["heavy", "light1", "light2", "light3"]
         tokens = {u: stack.manage("issue_token", u).strip().splitlines()[-1] for u in users}
-        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
+        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
         stack.start_worker("gpu1", settings.QUEUE_GPU)
         stack.start_web(port)
         wait_web(base)

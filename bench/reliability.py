@@ -886,7 +886,7 @@ def main(argv=None) -> dict:
         stack.manage("migrate", "--noinput")
         token = user_token("reliability")
         client = api_client(token)
-        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True)
+        stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
         for name in ALL_SCENARIOS:
             if name not in only:
                 continue

@@ -36,7 +36,6 @@ from datetime import UTC
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
-from django.utils import timezone
 from PIL import Image
 from redis.exceptions import RedisError
 
@@ -47,7 +46,7 @@ from jobs import actions
 from jobs.media import encoding
 from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
 from jobs.models import Batch, GeneratedImage, GenerationJob
-from jobs.pipeline.tasks import send_stage
+from jobs.pipeline import stages
 from jobs.realtime import events
 from scheduling import catalogue, costs, heartbeats, scheduler
 
@@ -81,11 +80,7 @@ def take_and_claim(lane: str) -> Claimed | None:
     shape = taken.shape
     info = scheduler.parse_shape(shape)
     cap = scheduler.cap_for(info["width"], info["height"], info["model_version"])
-    batch = Batch.objects.create(
-        model_version=info["model_version"], width=info["width"], height=info["height"], steps=info["steps"],
-        guidance_scale=info["guidance_scale"], scheduler=info["scheduler"], size=0, cap=cap, worker=WORKER_ID,
-        lane=lane,
-    )
+    batch = actions.open_batch(info, cap, WORKER_ID, lane)
     counts: dict[str, int] = {}
     jobs: dict[str, GenerationJob] = {}
 
@@ -103,14 +98,13 @@ def take_and_claim(lane: str) -> Claimed | None:
         if more is not None:
             claim(more.entries)
     if not jobs:
-        batch.delete()
+        actions.drop_unclaimed_batch(batch.id)
         return None
     for job in jobs.values():
         if job.queue_wait_seconds is not None:
             metrics.observe("imagegen_queue_wait_seconds", job.queue_wait_seconds)
     metrics.inc("imagegen_attempts_total", len(jobs))
-    batch.size = sum(counts.values())
-    batch.save(update_fields=["size"])
+    actions.size_batch(batch, sum(counts.values()))
     return Claimed(batch, list(jobs.values()), counts)
 
 
@@ -237,7 +231,7 @@ class Runner:
                     self._previews.offer(step, list(zip(wanted, pictures, strict=True)), created)
             return False
 
-        Batch.objects.filter(id=batch.id).update(pass_started_at=timezone.now())
+        actions.pass_started(batch.id)
         if take_ahead and rows and batch.steps <= 1:
             self._take_ahead()  # no step callback before the pass ends
         try:
@@ -362,7 +356,7 @@ class Runner:
         for w in orphans:
             delete_quietly(w.key, quarantine_storage())
         if held:
-            send_stage("classify", self.lane, str(batch.id))
+            stages.send_next("generate", self.lane, str(batch.id))
 
     def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
         # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py).
@@ -438,7 +432,7 @@ def _retry_db(operation):
 
 def _close_pass(batch: Batch, images: int, seconds: float, pass_started: float) -> None:
     """The pass is over: its GPU-seconds on the batch row, the cost model, the metrics."""
-    Batch.objects.filter(id=batch.id).update(gpu_seconds=seconds, finished_at=_at(pass_started + seconds))
+    actions.pass_finished(batch.id, seconds, _at(pass_started + seconds))
     heartbeats.record_busy(pass_started, pass_started + seconds)
     metrics.inc("imagegen_batches_total", model=batch.model_version)
     metrics.inc("imagegen_gpu_seconds_total", seconds, worker=WORKER_ID)

@@ -11,6 +11,10 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "imagegen.settings")
 
+from imagegen.lifetime import die_with_parent_if_asked  # noqa: E402
+
+die_with_parent_if_asked()  # a uvicorn worker process goes with its master (imagegen/lifetime.py)
+
 from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()

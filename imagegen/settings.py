@@ -264,15 +264,24 @@ IMAGEGEN_STARVATION_SECONDS = env_float("IMAGEGEN_STARVATION_SECONDS", 10.0)
 IMAGEGEN_FAIR_SHARE = env_bool("IMAGEGEN_FAIR_SHARE", True)
 # Per-user fair-share weights, "username=weight,..." (default 1): a weight of 2 gets twice the images per round.
 IMAGEGEN_USER_WEIGHTS = env_weights("IMAGEGEN_USER_WEIGHTS")
-IMAGEGEN_LEASE_SECONDS = env_float("IMAGEGEN_LEASE_SECONDS", 30.0)  # renewed while a batch runs
+# A lease means a worker holds the work: taken when a worker starts a stage, renewed every third
+# of this while it runs. Work waiting in a queue holds none and is never declared stuck.
+IMAGEGEN_LEASE_SECONDS = env_float("IMAGEGEN_LEASE_SECONDS", 30.0)
 IMAGEGEN_MAX_ATTEMPTS = env_int("IMAGEGEN_MAX_ATTEMPTS", 3)
 IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
 # A job still waiting for its prompt check this long had the check's message lost (a broker
 # that restarted empty drops what is sent before the workers declare their queues again): the
 # reaper sends it again, at most once per this many seconds per job.
 IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = env_float("IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", 60.0)
-# Storage away at publish: the stage retries, doubling from 1 s up to this many seconds apart.
-IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF", 60.0)
+# A batch stage that no worker started this long after it was sent had its message lost: the
+# reaper sends it again (not an attempt). The bound grows by twice the stage's measured run time
+# for every batch queued ahead of it, so a stage that merely waits behind a backlog is left alone.
+IMAGEGEN_STAGE_RESEND_SECONDS = env_float("IMAGEGEN_STAGE_RESEND_SECONDS", 120.0)
+# Storage away in a batch stage: Celery retries it, doubling from 1 s up to this many seconds
+# apart (with jitter), for at most the stage's retry bound of real time; then its jobs fail.
+IMAGEGEN_STAGE_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_STAGE_RETRY_MAX_BACKOFF", 60.0)
+IMAGEGEN_CLASSIFY_RETRY_SECONDS = env_float("IMAGEGEN_CLASSIFY_RETRY_SECONDS", 3600.0)
+IMAGEGEN_PUBLISH_RETRY_SECONDS = env_float("IMAGEGEN_PUBLISH_RETRY_SECONDS", 3600.0)
 IMAGEGEN_PREVIEW_EVERY = env_int("IMAGEGEN_PREVIEW_EVERY", 4)  # steps between previews
 IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)  # seconds
 
@@ -340,6 +349,9 @@ QUEUE_GPU_PREFIX = env_str("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.")
 # The image gate does not depend on the model: one classify queue serves every lane (its
 # workers are pinned to a GPU in production, or run on a cheap fleet).
 QUEUE_CLASSIFY = env_str("IMAGEGEN_QUEUE_CLASSIFY", "classify")
+# Webhook deliveries wait on other people's servers: a queue and a pool of their own, so a slow
+# receiver never delays a prompt check or a publish.
+QUEUE_WEBHOOKS = env_str("IMAGEGEN_QUEUE_WEBHOOKS", "webhooks")
 QUEUE_GPU = QUEUE_GPU_PREFIX + IMAGEGEN_MODEL_NAME
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
@@ -349,21 +361,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
-# Every task's queue; `{lane}` queues take the lane from the task's first argument
-# (imagegen/celery_routes.py). The stages of one job: check_prompt (cpu) -> run_batch
-# (gpu.<lane>) -> classify_batch (classify) -> publish_batch (io).
-IMAGEGEN_TASK_QUEUES = {
-    "jobs.pipeline.tasks.check_prompt": QUEUE_CPU,
-    "gpu_tasks.tasks.run_batch": QUEUE_GPU_PREFIX + "{lane}",
-    "gpu_tasks.tasks.classify_batch": QUEUE_CLASSIFY,
-    "jobs.pipeline.tasks.publish_batch": QUEUE_IO,
-    "jobs.pipeline.tasks.reap": QUEUE_CPU,
-    "imagegen.dashboard.sample_figures": QUEUE_CPU,
-    "jobs.pipeline.retention.run_retention": QUEUE_IO,
-    "jobs.media.cdn.retry_purge": QUEUE_IO,
-    "jobs.pipeline.tasks.deliver_webhook": QUEUE_IO,
-}
-CELERY_TASK_ROUTES = ("imagegen.celery_routes.route",)
+# Every task's queue comes from the stage table (jobs/pipeline/stages.py: each stage's task,
+# queue, next stage, lease and retry bound); `{lane}` queues take the lane from the task's
+# first argument. Call sites never name a queue.
+CELERY_TASK_ROUTES = ("jobs.pipeline.stages.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)

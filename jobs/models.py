@@ -60,7 +60,15 @@ class Batch(models.Model):
     pass_started_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call began")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call ended")
     stage = models.CharField(max_length=16, choices=BatchStage.choices, default=BatchStage.GENERATE, db_index=True)
-    stage_attempts = models.PositiveSmallIntegerField(default=0)
+    stage_attempts = models.PositiveSmallIntegerField(default=0, help_text="runs of this stage whose worker was lost")
+    # The stage's lease (jobs/pipeline/stages.py): a batch waiting in its stage's queue holds
+    # none (stage_started_at and lease_expires_at empty); a worker that starts the stage takes it
+    # under a run token of its own and renews it while it runs.
+    stage_since = models.DateTimeField(null=True, blank=True, help_text="entered its current stage")
+    stage_sent_at = models.DateTimeField(null=True, blank=True, help_text="its stage's message was (last) sent")
+    stage_started_at = models.DateTimeField(null=True, blank=True, help_text="a worker started its stage")
+    stage_run = models.CharField(max_length=32, blank=True, default="", help_text="the run holding the stage")
+    stage_error = models.TextField(blank=True, default="", help_text="the last error of a run of this stage")
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     gate_error = models.TextField(blank=True, default="")
 

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from imagegen.lifetime import child_preexec
 from scripts.procs import free_port
 
 
@@ -63,6 +64,7 @@ def start(workdir: Path, port: int | None = None) -> tuple[subprocess.Popen, str
         stdout=subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=child_preexec(os.getpid()),  # it goes with whoever started it, even one killed outright
     )
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

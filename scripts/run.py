@@ -2,8 +2,9 @@
 
 Migrates, starts a private Redis when REDIS_URL is unset (never on 6379), the web tier (uvicorn,
 IMAGEGEN_WEB_PROCESSES processes on one port, a thread pool for sync views in each), a Celery
-worker for the cpu, io and classify queues with the periodic reaper, and one GPU worker;
-restarts any that dies.
+worker per pool (cpu with the periodic reaper, classify, io, webhooks) and one GPU worker
+(process_commands); restarts any that dies. Every child dies with the supervisor, even one
+killed outright, and so do the processes they fork (imagegen/lifetime.py).
 Once /readyz answers 200 it prints one block: the URL, the demo and moderator sign-ins, an API
 token and a curl to try (also written to var/run-info.txt). Until then it says what it is
 waiting for. Worker banners and routine logs go to var/logs/<process>.log (`--verbose`, or
@@ -28,6 +29,8 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from imagegen.lifetime import ENV as DIE_WITH_PARENT  # noqa: E402
+from imagegen.lifetime import child_preexec  # noqa: E402
 from scripts.procs import stop_group  # noqa: E402
 
 PY = sys.executable
@@ -49,6 +52,25 @@ def web_command(env: dict, port: str, host: str = "127.0.0.1") -> list[str]:
     return [PY, "-m", "uvicorn", "imagegen.asgi:application", "--host", host, "--port", str(port),
             "--workers", str(web_processes(env)), "--loop", "uvloop", "--http", "httptools", "--ws", "websockets",
             "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "10"]
+
+
+def process_commands(env: dict, port: str, var: Path, gpu_queues: str | None = None) -> list[tuple[str, list[str]]]:
+    """The processes of the embedded default, one per pool, so that no queue's work waits
+    behind another's: prompt checks and the reaper (cpu), the classify stage, publishing and
+    upkeep (io), webhook deliveries (a thread pool: they wait on other people's servers), and
+    one GPU worker serving every served model's lane (the teacher and the distilled student by
+    default: on a small machine one process holding both beats two competing for cores)."""
+    queue = {name: env.get(f"IMAGEGEN_QUEUE_{name.upper()}", name) for name in ("cpu", "io", "classify", "webhooks")}
+    gpu = gpu_queues or env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
+    celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
+    return [
+        ("web", web_command(env, port)),
+        ("worker-cpu", celery + ["-Q", queue["cpu"], "-c", "2", "-n", "cpu@%h", "-B", "--schedule", str(var / "beat-schedule")]),
+        ("worker-classify", celery + ["-Q", queue["classify"], "--pool=solo", "-n", "classify@%h"]),
+        ("worker-io", celery + ["-Q", queue["io"], "--pool=threads", "-c", "4", "-n", "io@%h"]),
+        ("worker-webhooks", celery + ["-Q", queue["webhooks"], "--pool=threads", "-c", "8", "-n", "webhooks@%h"]),
+        ("worker-gpu", celery + ["-Q", gpu, "--pool=solo", "-n", "gpu0@%h"]),
+    ]
 
 
 def log(msg: str) -> None:
@@ -86,8 +108,10 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         logfile = open(self.log_path, "ab")
         stdout: int | IO[bytes] = subprocess.PIPE if self.verbose else logfile
+        # Its own session (Ctrl-C reaches only the supervisor, which stops the children in
+        # order), and it dies with the supervisor even when that is killed outright.
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-                                     stdout=stdout, stderr=subprocess.STDOUT)
+                                     preexec_fn=child_preexec(os.getpid()), stdout=stdout, stderr=subprocess.STDOUT)
         if self.verbose:
             threading.Thread(target=self._tee, args=(self.proc, logfile), daemon=True).start()
         else:
@@ -173,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "imagegen.settings")
     env["PYTHONUNBUFFERED"] = "1"
+    env[DIE_WITH_PARENT] = "1"  # what the children fork goes with them (imagegen/lifetime.py)
     port = env.get("PORT", "8000")
     var = Path(env.get("IMAGEGEN_VAR_DIR", ROOT / "var"))
     var.mkdir(parents=True, exist_ok=True)
@@ -221,17 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         token = manage("issue_token", "demo", "--password", "demo", "--rotate", env=env).strip().splitlines()[-1]
         manage("issue_token", "moderator", "--password", "moderator", "--moderator", "--rotate", env=env)
 
-        # One GPU worker serves every served model's lane (the teacher and the distilled student
-        # by default): on a small machine one process holding both beats two competing for cores.
         gpu_queue = manage("served_models", "--queues", env=env).strip().splitlines()[-1]
-        classify_queue = env.get("IMAGEGEN_QUEUE_CLASSIFY", "classify")
-        cpu_queues = f"{env.get('IMAGEGEN_QUEUE_CPU', 'cpu')},{env.get('IMAGEGEN_QUEUE_IO', 'io')},{classify_queue}"
-        celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
-        children = [
-            Child("web", web_command(env, port), env),
-            Child("worker-cpu", celery + ["-Q", cpu_queues, "-c", "2", "-n", "cpu@%h", "-B", "--schedule", str(var / "beat-schedule")], env),
-            Child("worker-gpu", celery + ["-Q", gpu_queue, "--pool=solo", "-n", "gpu0@%h"], env),
-        ]
+        children = [Child(name, cmd, env) for name, cmd in process_commands(env, port, var, gpu_queue)]
         for child in children:
             child.log_path, child.verbose = log_dir / f"{child.name}.log", args.verbose
             child.start()

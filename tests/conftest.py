@@ -141,7 +141,7 @@ def start_worker(worker_env):
 @pytest.fixture(scope="session")
 def workers(start_worker):
     """One cpu/io worker with the reaper (beat) and one GPU worker, shared by the session."""
-    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True, wait=False)
+    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True, wait=False)
     gpu = start_worker("gpu1", settings.QUEUE_GPU)
     cpu.wait_ready()
     return {"cpu": cpu, "gpu": gpu}

@@ -40,7 +40,8 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")
     os.environ.setdefault("IMAGEGEN_REAPER_INTERVAL", "1")
     os.environ.setdefault("IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", "10")
-    os.environ.setdefault("IMAGEGEN_PUBLISH_RETRY_MAX_BACKOFF", "4")
+    os.environ.setdefault("IMAGEGEN_STAGE_RETRY_MAX_BACKOFF", "4")
+    os.environ.setdefault("IMAGEGEN_STAGE_RESEND_SECONDS", "20")
     os.environ.setdefault("IMAGEGEN_TORCH_THREADS", "1")
     # Webhooks: short attempts and retries, so a failure and its retry fit a test.
     os.environ.setdefault("IMAGEGEN_WEBHOOK_TIMEOUT", "2")

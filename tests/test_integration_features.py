@@ -11,7 +11,6 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -243,14 +242,13 @@ def test_rotating_the_secret_signs_with_the_new_one(alice_api):
 def test_a_delivery_survives_a_sigkill_of_the_worker_sending_it(workers, start_worker, alice, receiver):
     """The attempt's worker is killed while the receiver holds its request: the outbox row stays
     undelivered, and once the attempt's lease ends the reaper (the cpu worker's beat) sends it
-    again through the io queue."""
+    again through the webhooks queue."""
     hook = receiver(plan=["hang", 200])
     api = client_for(alice)
-    queues = {**settings.IMAGEGEN_TASK_QUEUES, "jobs.pipeline.tasks.deliver_webhook": "webhooks-victim"}
     victim = start_worker("webhooks-victim", "webhooks-victim")
     with admitted_to("no-gpu-webhook"):
         job = api.post("/api/v1/jobs", {**BODY, "webhook_url": hook.url}, format="json").json()
-    with override_settings(IMAGEGEN_TASK_QUEUES=queues):  # the first attempt goes to the victim
+    with override_settings(QUEUE_WEBHOOKS="webhooks-victim"):  # the first attempt goes to the victim
         assert api.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
     hanging = hook.wait_for(1, timeout=30)[0]
     row = WebhookDelivery.objects.get(job_id=job["id"])

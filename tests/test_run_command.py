@@ -153,3 +153,81 @@ def test_make_run_installs_only_what_running_needs():
     assert "-r requirements.txt" in dry.stdout and "requirements-dev.txt" not in dry.stdout
     dry = subprocess.run(["make", "-n", "-B", "install", "VENV=/nonexistent-venv"], cwd=ROOT, capture_output=True, text=True)
     assert "-r requirements.txt" in dry.stdout and "-r requirements-dev.txt" in dry.stdout  # what CI and `make test` get
+
+
+def _processes_with(marker: str) -> list[int]:
+    """Live processes whose environment carries `marker` (every process of one stack)."""
+    found = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes() and (entry / "stat").read_text().split()[2] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(what)
+
+
+@pytest.mark.timeout(420)
+def test_nothing_of_the_stack_outlives_a_supervisor_killed_outright(tmp_path, tiny_model):
+    """SIGKILL of run.py alone (not its group: every child has a session of its own): the web
+    server and its worker processes, every Celery worker with its pool and embedded beat, and the
+    private Redis all go within seconds."""
+    marker = f"IMAGEGEN_TEST_STACK={tmp_path.name}"
+    port = free_port()
+    env = {**run_env(tmp_path, port, tiny_model), "IMAGEGEN_TEST_STACK": tmp_path.name}
+    proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    out = Output(proc, port)
+    try:
+        out.until(lambda line: "started web" in line, 180)
+        # web (master + 2 processes), cpu (main + 2 pool + beat), classify, io, webhooks, gpu, Redis
+        _wait_for(lambda: len(_processes_with(marker)) >= 12, 120, "the stack never started all its processes")
+        before = _processes_with(marker)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while (left := _processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], f"{len(left)} of {len(before)} processes outlived the supervisor"
+    finally:
+        for pid in _processes_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_refuses_to_start_leaves_no_pool_process_behind(tmp_path, worker_env):
+    """A prefork worker with an embedded beat (as `make run`'s cpu worker) whose image gate is
+    misconfigured exits 3 at start; its pool processes and its beat go with it, so a supervisor
+    restarting it does not pile up orphans (the beat was left behind before)."""
+    marker = f"IMAGEGEN_TEST_STACK={tmp_path.name}"
+    env = {**worker_env, "IMAGEGEN_IMAGE_CLASSIFIER": "python:tests.fake_classifiers:NoSuchClassifier",
+           "IMAGEGEN_DIE_WITH_PARENT": "1", "IMAGEGEN_TEST_STACK": tmp_path.name, "IMAGEGEN_QUEUE_CLASSIFY": "classify-refused"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "imagegen", "worker", "-Q", "classify-refused", "-c", "2", "-B", "--schedule", str(tmp_path / "beat"),
+         "--without-gossip", "--without-mingle", "-n", f"refused-{tmp_path.name}@%h"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert worker.wait(timeout=120) == 3
+        deadline = time.monotonic() + 10
+        while (left := _processes_with(marker)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert left == [], f"{len(left)} processes of the refused worker are left"
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)

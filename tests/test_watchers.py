@@ -36,7 +36,7 @@ def slice_(worker_env, start_worker, tmp_path_factory):
     holder.redis, url = start_redis(tmp / "redis")
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     env = {"REDIS_URL": url, "IMAGEGEN_MODEL_NAME": LANE}
-    cpu = start_worker("watch-cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY}", beat=True,
+    cpu = start_worker("watch-cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True,
                        wait=False, **env)
     # The simulated accelerator (it sleeps by the cost model): a 150-step pass lasts ~12 s, so
     # Redis surely goes away in the middle of it.

@@ -77,19 +77,3 @@ def seconds_until_charges_free(user_id, images: int, now: datetime | None = None
         if freed >= images:
             return max(1.0, (charged_at + QUOTA_WINDOW - now).total_seconds())
     return QUOTA_WINDOW.total_seconds()
-
-
-def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:
-    """Charge the jobs a GPU worker has just claimed, once per job (a requeued job is not
-    charged again). Call inside the claim's transaction."""
-    fresh = [job for job in jobs if job.charged_at is None]
-    if not fresh:
-        return
-    GenerationJob.objects.filter(id__in=[job.id for job in fresh], charged_at=None).update(charged_at=now)
-    UsageCharge.objects.bulk_create([
-        UsageCharge(user_id=job.owner_id, job_id=job.id, images=job.billable_images,
-                    image_steps=job.billable_images * job.steps, charged_at=now, priority=job.priority)
-        for job in fresh
-    ])
-    for job in fresh:
-        job.charged_at = now

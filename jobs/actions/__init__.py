@@ -5,11 +5,15 @@ call them; they never dispatch a stage themselves (that is the tasks modules' jo
 admitting a job to the scheduler wakes a GPU worker of its lane (scheduling.lanes.wake).
 
     lifecycle  created, admitted, claimed, renewed, requeued, cancelled, blocked, held, failed
-    delivery   past the GPU: hand-off to quarantine, verdicts, publish, stuck stages
+    delivery   past the GPU: hand-off to quarantine, verdicts, publish
+    stages     a batch stage's lease: started, renewed, released, re-run or re-sent by the reaper
     review     moderators' decisions and appeals
-    images     take-down and deletion
+    batches    a pass's own row: opened, sized, timed
+    images     take-down and deletion, views, the retention tiers, regeneration
+    verdicts   the prompt gate's verdict
 """
 
+from jobs.actions.batches import drop_unclaimed_batch, open_batch, pass_finished, pass_started, size_batch
 from jobs.actions.delivery import (
     Outcome,
     Written,
@@ -19,9 +23,17 @@ from jobs.actions.delivery import (
     held_jobs,
     live_images,
     record_verdicts,
-    requeue_stuck_batches,
 )
-from jobs.actions.images import delete_job, purge_deleted, take_down
+from jobs.actions.images import (
+    delete_job,
+    mark_bytes_dropped,
+    mark_cold,
+    mark_warm,
+    purge_deleted,
+    record_views,
+    settle_regeneration,
+    take_down,
+)
 from jobs.actions.lifecycle import (
     admit,
     attach_cached,
@@ -44,11 +56,26 @@ from jobs.actions.lifecycle import (
     shape_of,
 )
 from jobs.actions.review import ReviewError, appeal, approve, reject, reject_delivered, review_queue
+from jobs.actions.stages import (
+    end_stage_lease,
+    give_up_stage,
+    observe_stage_seconds,
+    queue_ages,
+    release_stage,
+    renew_stage,
+    requeue_stuck_batches,
+    stage_waited,
+    start_stage,
+)
+from jobs.actions.verdicts import record_prompt_verdict
 
 __all__ = [
+    "drop_unclaimed_batch", "record_views", "mark_bytes_dropped", "mark_cold", "mark_warm", "open_batch", "pass_finished",
+    "pass_started", "record_prompt_verdict", "settle_regeneration", "size_batch",
     "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job", "cancel_past_deadline",
     "claim_batch", "close_empty", "create_queued", "delete_job", "enqueue", "fail_running", "fail_unstarted",
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
-    "requeue_expired", "requeue_stuck_batches", "return_to_queue_now", "review_queue", "shape_of", "take_down",
+    "requeue_expired", "requeue_stuck_batches", "end_stage_lease", "give_up_stage", "observe_stage_seconds",
+    "queue_ages", "release_stage", "renew_stage", "stage_waited", "start_stage", "return_to_queue_now", "review_queue", "shape_of", "take_down",
 ]

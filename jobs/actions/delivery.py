@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from imagegen import metrics
 from jobs.actions.notify import status_on_commit
+from jobs.actions.stages import enter_stage
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
 
 log = logging.getLogger(__name__)
@@ -36,10 +35,6 @@ class Written:
     byte_size: int
     sha256: str
     content_type: str
-
-
-def _stage_lease():
-    return timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)
 
 
 def held_jobs(batch_id, attempts: dict[str, int]) -> set[str]:
@@ -71,7 +66,7 @@ def hand_off(batch_id, attempts: dict[str, int], written: list[Written]) -> tupl
             lease_expires_at=None, progress_step=locked.steps
         )
         if held:
-            Batch.objects.filter(id=batch_id).update(stage=BatchStage.CLASSIFY, stage_attempts=0, lease_expires_at=_stage_lease())
+            Batch.objects.filter(id=batch_id).update(**enter_stage(BatchStage.CLASSIFY, timezone.now()))
         else:
             Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
     return held, [w for w in written if w.job_id not in held]
@@ -90,13 +85,13 @@ def live_images(batch: Batch) -> list[GeneratedImage]:
     )
 
 
-def record_verdicts(batch_id, verdicts: list, gate_error: str = "") -> bool:
+def record_verdicts(batch_id, run: str, verdicts: list, gate_error: str = "") -> bool:
     """The image gate's answer for the batch (one SafetyVerdict per image), or the reason it
-    could not judge: classify -> publish, once."""
+    could not judge: classify -> publish, once, and only by the run holding the stage."""
     from safety.models import SafetyVerdict
 
     with transaction.atomic():
-        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.CLASSIFY).first()
+        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.CLASSIFY, stage_run=run).first()
         if locked is None:
             return False
         if gate_error:
@@ -104,9 +99,7 @@ def record_verdicts(batch_id, verdicts: list, gate_error: str = "") -> bool:
         else:
             SafetyVerdict.objects.bulk_create(verdicts)
             metrics.count_verdicts(verdicts)
-        Batch.objects.filter(id=batch_id).update(
-            stage=BatchStage.PUBLISH, stage_attempts=0, lease_expires_at=_stage_lease(), gate_error=locked.gate_error
-        )
+        Batch.objects.filter(id=batch_id).update(**enter_stage(BatchStage.PUBLISH, timezone.now()), gate_error=locked.gate_error)
     return True
 
 
@@ -119,15 +112,18 @@ class Outcome:
     reason: str
 
 
-def finish_batch(batch_id, outcomes: list[Outcome], now=None) -> list[str]:
+def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple[list[str], set[str]] | None:
     """Publish: each job's final status (compare-and-set on running, this batch, this attempt)
-    with its images public when it is done, in one transaction; publish -> done. The caller has
-    copied the allowed images to public storage already. Returns the jobs finished."""
+    with its images public when it is done, in one transaction; publish -> done, only by the run
+    holding the stage. The caller has copied the allowed images to public storage already.
+    Returns (the jobs finished, the jobs this run saw leave the batch under its lock: cancelled
+    meanwhile, whose copies the caller removes), or None when this run does not hold the stage:
+    another run finished it or took it over, and the caller touches nothing."""
     finished: list[str] = []
     with transaction.atomic():
-        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.PUBLISH).first()
+        locked = Batch.objects.select_for_update().filter(id=batch_id, stage=BatchStage.PUBLISH, stage_run=run).first()
         if locked is None:
-            return finished
+            return None
         now = now or timezone.now()
         for outcome in outcomes:
             updated = GenerationJob.objects.filter(
@@ -140,39 +136,9 @@ def finish_batch(batch_id, outcomes: list[Outcome], now=None) -> list[str]:
             metrics.count_jobs(outcome.status, locked.model_version)
             if outcome.status == JobStatus.DONE:
                 GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id).update(tier="public")
+        rest = {o.job_id for o in outcomes} - set(finished)
+        gone = {str(j) for j in GenerationJob.objects.filter(id__in=rest).exclude(
+            status=JobStatus.RUNNING, batch_id=batch_id).values_list("id", flat=True)}
         Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
         status_on_commit(*finished)
-    return finished
-
-
-def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
-    """Batches whose classify or publish stage lost its worker (lease expired): re-run from that
-    stage, or after IMAGEGEN_MAX_ATTEMPTS fail their jobs with the reason. Returns
-    ([(stage, lane, batch id) to dispatch again], jobs failed)."""
-    now = now or timezone.now()
-    again, failed = [], 0
-    for batch in Batch.objects.filter(stage__in=[BatchStage.CLASSIFY, BatchStage.PUBLISH], lease_expires_at__lt=now):
-        if batch.stage_attempts + 1 >= settings.IMAGEGEN_MAX_ATTEMPTS:
-            with transaction.atomic():
-                if not Batch.objects.filter(id=batch.id, stage=batch.stage, lease_expires_at__lt=now).update(
-                    stage=BatchStage.DONE, lease_expires_at=None
-                ):
-                    continue
-                what = "the image safety check" if batch.stage == BatchStage.CLASSIFY else "publishing the images"
-                ids = list(GenerationJob.objects.filter(batch=batch, status=JobStatus.RUNNING).values_list("id", flat=True))
-                GenerationJob.objects.filter(id__in=ids, status=JobStatus.RUNNING).update(
-                    status=JobStatus.FAILED, finished_at=now, lease_expires_at=None,
-                    reason=f"{what} was interrupted {batch.stage_attempts + 1} times; nothing was delivered",
-                )
-                status_on_commit(*ids)
-                metrics.count_jobs(JobStatus.FAILED, batch.model_version, len(ids))
-                failed += len(ids)
-            continue
-        if Batch.objects.filter(id=batch.id, stage=batch.stage, lease_expires_at__lt=now).update(
-            stage_attempts=batch.stage_attempts + 1, lease_expires_at=_stage_lease()
-        ):
-            log.warning("batch %s stuck in %s: running that stage again", batch.id, batch.stage,
-                        extra={"batch_id": str(batch.id), "stage": "reaper"})
-            metrics.inc("imagegen_stage_reruns_total", stage=batch.stage)
-            again.append((batch.stage, batch.lane, str(batch.id)))
-    return again, failed
+    return finished, gone

@@ -12,6 +12,7 @@ from datetime import timedelta
 from functools import partial
 
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
 from jobs.media import cdn
@@ -71,3 +72,39 @@ def purge_deleted(older_than_days: float, limit: int = 500) -> int:
             if not GeneratedImage.objects.filter(storage_key=key).exists():
                 delete_quietly(key, quarantine_storage())
     return purged
+
+
+def record_views(counts: dict[str, int]) -> int:
+    """Views counted in Redis since the last flush, added to every row sharing each object."""
+    total = 0
+    for key, n in counts.items():
+        if n > 0:
+            GeneratedImage.objects.filter(storage_key=key).update(views=F("views") + n)
+            total += n
+    return total
+
+
+def mark_cold(key: str) -> bool:
+    return bool(GeneratedImage.objects.filter(storage_key=key, tier="public", bytes_dropped=False).update(cold=True))
+
+
+def mark_warm(key: str) -> bool:
+    return bool(GeneratedImage.objects.filter(storage_key=key, cold=True).update(cold=False))
+
+
+def mark_bytes_dropped(key: str) -> None:
+    GeneratedImage.objects.filter(storage_key=key, tier="public").update(bytes_dropped=True)
+
+
+def settle_regeneration(original: GeneratedImage, made: GeneratedImage) -> bool:
+    """Every row that shared a dropped object: restored from a regeneration that came out byte
+    for byte the same (True), or lost for good when it did not (False)."""
+    with transaction.atomic():
+        same = GeneratedImage.objects.select_for_update().filter(
+            storage_key=original.storage_key, sha256=original.sha256, bytes_dropped=True, lost=False
+        )
+        if made.sha256 == original.sha256:
+            same.update(storage_key=made.storage_key, byte_size=made.byte_size, bytes_dropped=False, cold=False)
+            return True
+        same.update(lost=True)
+        return False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -24,7 +24,7 @@ from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
 from jobs.access import usage
 from jobs.actions.notify import status_on_commit
-from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus
+from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus, UsageCharge
 from scheduling import lanes, scheduler
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
         )
         jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
         # The GPU work is spent from here on: charged now, whatever becomes of the job.
-        usage.charge_claimed(jobs, now)
+        charge_claimed(jobs, now)
         order = {str(j): i for i, j in enumerate(job_ids)}
         jobs.sort(key=lambda job: order[str(job.id)])
         status_on_commit(*[job.id for job in jobs])
@@ -335,3 +335,19 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
         if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after)))
     ]
     return restored, recheck
+
+
+def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:
+    """Charge the jobs a GPU worker has just claimed, once per job (a requeued job is not
+    charged again). Call inside the claim's transaction."""
+    fresh = [job for job in jobs if job.charged_at is None]
+    if not fresh:
+        return
+    GenerationJob.objects.filter(id__in=[job.id for job in fresh], charged_at=None).update(charged_at=now)
+    UsageCharge.objects.bulk_create([
+        UsageCharge(user_id=job.owner_id, job_id=job.id, images=job.billable_images,
+                    image_steps=job.billable_images * job.steps, charged_at=now, priority=job.priority)
+        for job in fresh
+    ])
+    for job in fresh:
+        job.charged_at = now

@@ -3,7 +3,7 @@ verdict per image, then the batch moves on to publish.
 
 Its workers read the images from quarantine (the bytes never pass through the broker). In
 production they are pinned to a GPU (IMAGEGEN_DEVICE) or run on a cheap fleet; in the embedded
-default the cpu/io worker serves the classify queue too.
+default a worker of its own serves the classify queue, so a slow gate delays no prompt check.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from PIL import Image
 from jobs import actions
 from jobs.media.storage import quarantine_storage
 from jobs.models import Batch, BatchStage
+from jobs.pipeline import stages
 from safety import image_gate
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,12 @@ def _judge(images: list[Image.Image]) -> tuple[list | None, str]:
 
 
 def classify(batch_id: str) -> bool:
-    """Judge the batch; True when it moved on to publish (False: judged already, a duplicate)."""
+    """Judge the batch; True when it moved on to publish (False: judged already, held by another
+    run, or this run lost its lease: a duplicate or stale run records nothing)."""
+    return bool(stages.run("classify", batch_id, lambda run: _classify(batch_id, run)))
+
+
+def _classify(batch_id: str, run: str) -> bool:
     from safety.gate_identity import gate_identity
     from safety.models import SafetyVerdict
 
@@ -61,4 +67,4 @@ def classify(batch_id: str) -> bool:
         )
         for row, j in zip(rows, judgements, strict=True)
     ]
-    return actions.record_verdicts(batch_id, verdicts, gate_error)
+    return actions.record_verdicts(batch_id, run, verdicts, gate_error)

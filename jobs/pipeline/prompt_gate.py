@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 
-from imagegen import metrics
 from jobs import actions
 from jobs.models import GenerationJob, JobStatus
 from safety.models import SafetyVerdict
@@ -28,17 +27,7 @@ def gate_prompt(job_id: str) -> str:
             log.exception("prompt filter failed for job %s", job_id)
             actions.fail_unstarted(job.id, f"the prompt safety check failed ({type(exc).__name__}); nothing was generated")
             return "error"
-        verdict = SafetyVerdict.objects.create(
-            job=job,
-            stage="prompt",
-            decision=result.decision,
-            category=result.category,
-            score=result.score,
-            reason=result.reason if result.decision != "allow" else (f"matched: {result.matched}" if result.matched else ""),
-            policy_version=result.policy_version,
-            notes=f"matched: {result.matched}" if result.matched else "",
-        )
-        metrics.count_verdicts([verdict])
+        verdict = actions.record_prompt_verdict(job, result)
     if verdict.decision == "block":
         actions.block_job(job.id, "prompt", verdict.reason)
     elif verdict.decision == "review":

@@ -20,6 +20,7 @@ from jobs import actions
 from jobs.media import cache
 from jobs.media.storage import delete_quietly, publish_object, quarantine_storage, unpublish_object
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
+from jobs.pipeline import stages
 from scheduling import costs
 
 log = logging.getLogger(__name__)
@@ -41,12 +42,16 @@ def _outcome(job: GenerationJob, images: list[GeneratedImage], verdicts: dict, g
 
 
 def publish(batch_id: str) -> list[str]:
-    """Returns the ids of the jobs this run finished."""
+    """Returns the ids of the jobs this run finished (none for a duplicate or stale run)."""
+    return stages.run("publish", batch_id, lambda run: _publish(batch_id, run)) or []
+
+
+def _publish(batch_id: str, run: str) -> list[str]:
     from safety.models import SafetyVerdict
 
     batch = Batch.objects.filter(id=batch_id, stage=BatchStage.PUBLISH).first()
     if batch is None:
-        return []  # published already (a duplicated task), or not judged yet
+        return []  # published already, or not judged yet
     images = actions.live_images(batch)
     by_job: dict[str, list[GeneratedImage]] = defaultdict(list)
     jobs: dict[str, GenerationJob] = {}
@@ -61,13 +66,16 @@ def publish(batch_id: str) -> list[str]:
             publish_object(image.storage_key)
     now = timezone.now()
     _record_overhead(batch, [jobs[o.job_id] for o in outcomes], now)  # before the commit a watcher sees
-    finished = actions.finish_batch(batch_id, outcomes, now)
-    lost = done - set(finished)  # cancelled meanwhile: its public copies go again
+    result = actions.finish_batch(batch_id, run, outcomes, now)
+    if result is None:
+        return []  # another run finished the batch, or took this one's lease: touch nothing
+    finished, dropped = result
     for image in images:
-        if str(image.job_id) in lost:
-            unpublish_object(image.storage_key, keep_private_copy=False)
-        elif str(image.job_id) not in finished:
-            delete_quietly(image.storage_key, quarantine_storage())
+        if str(image.job_id) in dropped:  # seen cancelled under this run's lock
+            if str(image.job_id) in done:
+                unpublish_object(image.storage_key, keep_private_copy=False)
+            else:
+                delete_quietly(image.storage_key, quarantine_storage())
     delivered = list(GenerationJob.objects.filter(id__in=finished).prefetch_related("images"))
     for job in delivered:
         cache.remember(job)

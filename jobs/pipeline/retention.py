@@ -29,10 +29,11 @@ from typing import Any
 
 from celery import shared_task
 from django.conf import settings
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from imagegen.redis_client import PREFIX, get_redis
+from jobs import actions
 from jobs.actions import purge_deleted
 from jobs.media import cdn
 from jobs.media.storage import image_url, is_s3, public_storage, s3_location
@@ -73,12 +74,7 @@ def flush_views() -> int:
         except Exception:  # no counters since the last flush
             return 0
     counts = r.hgetall(FLUSHING_KEY)
-    total = 0
-    for key, n in counts.items():
-        n = int(n)
-        if n > 0:
-            GeneratedImage.objects.filter(storage_key=key).update(views=F("views") + n)
-            total += n
+    total = actions.record_views({key: int(n) for key, n in counts.items()})
     r.delete(FLUSHING_KEY)
     return total
 
@@ -124,7 +120,7 @@ def move_to_cold(now=None) -> int:
                 log.warning("could not move %s to %s; next run retries", key,
                             settings.IMAGEGEN_S3_COLD_STORAGE_CLASS, exc_info=True)
                 continue
-        moved += GeneratedImage.objects.filter(storage_key=key, tier="public", bytes_dropped=False).update(cold=True) and 1
+        moved += actions.mark_cold(key)
     return moved
 
 
@@ -144,7 +140,7 @@ def warm_up() -> int:
             except Exception:
                 log.warning("could not warm %s; next run retries", key, exc_info=True)
                 continue
-        warmed += GeneratedImage.objects.filter(storage_key=key, cold=True).update(cold=False) and 1
+        warmed += actions.mark_warm(key)
     return warmed
 
 
@@ -171,7 +167,7 @@ def drop_cold_bytes(now=None) -> int:
         except Exception:
             log.warning("could not drop the bytes of %s; next run retries", key, exc_info=True)
             continue
-        GeneratedImage.objects.filter(storage_key=key, tier="public").update(bytes_dropped=True)
+        actions.mark_bytes_dropped(key)
         urls.append(image_url(key))
     cdn.purge(urls)
     return len(urls)

@@ -40,6 +40,7 @@ import logging
 import secrets
 import socket
 import ssl
+import threading
 import time
 from datetime import timedelta
 from urllib.parse import urlsplit
@@ -225,8 +226,21 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         self.sock = self._tls.wrap_socket(sock, server_hostname=self._server_name)
 
 
+def _cut(conn: http.client.HTTPConnection, cut: threading.Event) -> None:
+    """The attempt's total deadline passed: wake whatever socket operation it waits in."""
+    cut.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 def _post(url: str, headers: dict, body: bytes, timeout: float) -> int:
-    """POST once, to the address checked now; the HTTP status (redirects are not followed)."""
+    """POST once, to the address checked now; the HTTP status (redirects are not followed).
+    `timeout` bounds the whole attempt (connect, send, the answer's head and body), not each
+    socket operation: a receiver that trickles its answer is cut off at the deadline."""
     scheme, host, port, path = _parts(url)
     addresses = _resolve(host, port)
     _check_addresses(host, addresses, scheme)
@@ -236,12 +250,23 @@ def _post(url: str, headers: dict, body: bytes, timeout: float) -> int:
         conn = _PinnedHTTPS(address, host, port, timeout)
     else:
         conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    cut = threading.Event()
+    deadline = threading.Timer(timeout, _cut, args=(conn, cut))
+    deadline.daemon = True
+    deadline.start()
     try:
         conn.request("POST", path, body=body, headers={**headers, "Host": host if port in (80, 443) else f"{host}:{port}"})
         response = conn.getresponse()
         response.read(65536)
+        if cut.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g}s")
         return response.status
+    except (OSError, http.client.HTTPException) as exc:
+        if cut.is_set():
+            raise TimeoutError(f"no complete answer within {timeout:g}s") from exc
+        raise
     finally:
+        deadline.cancel()
         conn.close()
 
 

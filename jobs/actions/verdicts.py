@@ -1,0 +1,26 @@
+"""The prompt gate's verdict on a job: recorded once (a redelivered check reuses it)."""
+
+from __future__ import annotations
+
+from imagegen import metrics
+from jobs.models import GenerationJob
+
+
+def record_prompt_verdict(job: GenerationJob, result):
+    """The prompt filter's result as the job's prompt SafetyVerdict (the reason shown to the
+    owner; the matched terms kept for moderators)."""
+    from safety.models import SafetyVerdict
+
+    matched = f"matched: {result.matched}" if result.matched else ""
+    verdict = SafetyVerdict.objects.create(
+        job=job,
+        stage="prompt",
+        decision=result.decision,
+        category=result.category,
+        score=result.score,
+        reason=result.reason if result.decision != "allow" else matched,
+        policy_version=result.policy_version,
+        notes=matched,
+    )
+    metrics.count_verdicts([verdict])
+    return verdict
