@@ -377,6 +377,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BEAT_SCHEDULE = {
     "reap": {"task": "jobs.pipeline.tasks.reap", "schedule": IMAGEGEN_REAPER_INTERVAL},
     "sample-figures": {"task": "imagegen.dashboard.sample_figures", "schedule": 60.0},
+    "idempotency-keys": {"task": "jobs.api.idempotency.expire", "schedule": 300.0},
 }
 
 CHANNEL_LAYERS = {
@@ -589,6 +590,6 @@ IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
 IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
 IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
 IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
-CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.pipeline.tasks", "jobs.pipeline.retention", "jobs.media.cdn", "imagegen.dashboard",
+CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.pipeline.tasks", "jobs.api.idempotency", "jobs.pipeline.retention", "jobs.media.cdn", "imagegen.dashboard",
                   "jobs.admission.summary"]  # its refresher thread starts on the cpu workers
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.pipeline.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}

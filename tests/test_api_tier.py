@@ -19,8 +19,8 @@ from rest_framework.renderers import JSONRenderer
 from imagegen.redis_client import PREFIX
 from jobs.admission import control as admission
 from jobs.admission import summary as queue_summary
-from jobs.api.serializers import JobSerializer
 from jobs.models import GeneratedImage, GenerationJob
+from jobs.representation import JobSerializer
 from scheduling import heartbeats, scheduler
 from scheduling.costs import COST_KEY
 from scripts.procs import free_port, stop_group

@@ -1,26 +1,25 @@
-"""Status events, sent after the transaction that changed the status commits (never before: a
-watcher must never see a state that a rollback undoes); and the webhook outbox rows of jobs
-that reached a terminal status, written inside that transaction (jobs/webhooks/delivery.py). Every
-status change in jobs.actions calls status_on_commit inside its transaction."""
+"""What a status change tells the rest of the system, without the actions knowing who listens:
+
+- `status_changed` is sent inside the transaction that changed the status (its receivers write
+  rows that must commit with it: the webhook outbox, jobs/webhooks/delivery.py);
+- `status_committed` is sent after that transaction commits (never before: a watcher must never
+  see a state that a rollback undoes); its receiver publishes the status events
+  (jobs/realtime/events.py).
+
+Both receivers are connected in JobsConfig.ready(). Every status change in jobs.actions calls
+status_on_commit inside its transaction."""
 
 from __future__ import annotations
 
 from django.db import transaction
+from django.dispatch import Signal
+
+status_changed = Signal()  # job_ids: list[str]
+status_committed = Signal()  # job_ids: list[str]
 
 
 def status_on_commit(*job_ids) -> None:
     ids = [str(job_id) for job_id in job_ids]
     if ids:
-        from jobs.webhooks import delivery as webhooks
-
-        webhooks.record_terminal(ids)
-        transaction.on_commit(lambda: send_status(ids))
-
-
-def send_status(job_ids: list[str]) -> None:
-    from jobs.api.serializers import status_event
-    from jobs.models import GenerationJob
-    from jobs.realtime import events
-
-    for job in GenerationJob.objects.filter(id__in=job_ids).prefetch_related("images"):
-        events.publish(job.id, status_event(job))
+        status_changed.send(sender=None, job_ids=ids)
+        transaction.on_commit(lambda: status_committed.send(sender=None, job_ids=ids))

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from celery import shared_task
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -102,8 +103,9 @@ def release(claimed: Claim) -> None:
     IdempotencyKey.objects.filter(id=claimed.row_id, job=None).delete()
 
 
+@shared_task(name="jobs.api.idempotency.expire")
 def expire() -> int:
-    """The reaper: forget keys past the window."""
+    """Periodic (beat): forget keys past the window."""
     from jobs.models import IdempotencyKey
 
     cutoff = timezone.now() - timedelta(hours=settings.IMAGEGEN_IDEMPOTENCY_HOURS)

@@ -21,10 +21,11 @@ from jobs.access import usage
 from jobs.admission.control import Refused
 from jobs.api import idempotency
 from jobs.api.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
-from jobs.api.serializers import JobCreateSerializer, JobSerializer
+from jobs.api.serializers import JobCreateSerializer
 from jobs.media.storage import public_storage
 from jobs.models import GeneratedImage, GenerationJob
 from jobs.pipeline.submit import submit_job
+from jobs.representation import JobSerializer
 
 _json = JSONRenderer()
 

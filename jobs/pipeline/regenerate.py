@@ -90,7 +90,7 @@ def complete_regeneration(image_id, new_job_id) -> str:
 
 
 def image_body(image: GeneratedImage) -> dict:
-    from jobs.api.serializers import image_json
+    from jobs.representation import image_json
 
     return {
         **image_json(image),
@@ -108,7 +108,7 @@ def _gone(image: GeneratedImage, reason: str) -> Response:
 
 
 def _accepted(image: GeneratedImage, job: GenerationJob | None) -> Response:
-    from jobs.api.serializers import JobSerializer
+    from jobs.representation import JobSerializer
 
     return Response(
         {"id": str(image.id), "status": "regenerating", "job": JobSerializer(job).data if job else None},

@@ -72,6 +72,7 @@ STAGES: dict[str, Stage] = {
 # Tasks that are not a stage of one job: periodic upkeep, and where it runs.
 UPKEEP: dict[str, str] = {
     "jobs.pipeline.tasks.reap": "QUEUE_CPU",
+    "jobs.api.idempotency.expire": "QUEUE_CPU",
     "imagegen.dashboard.sample_figures": "QUEUE_CPU",
     "jobs.pipeline.retention.run_retention": "QUEUE_IO",
     "jobs.media.cdn.retry_purge": "QUEUE_IO",

@@ -48,9 +48,8 @@ def reap() -> dict:
     """Periodic: requeue work whose worker died, re-run stages whose worker died and re-send
     those whose message was lost, rebuild lost scheduler state, re-send lost prompt checks,
     cancel queued jobs past their deadline, re-send due webhook deliveries (lost dispatches,
-    killed attempts, retries), forget old idempotency keys."""
+    killed attempts, retries)."""
     from jobs import actions
-    from jobs.api import idempotency
     from jobs.webhooks import delivery as webhooks
 
     result = actions.requeue_expired()
@@ -64,8 +63,7 @@ def reap() -> dict:
     result["rechecked"] = len(recheck)
     result["past_deadline"] = actions.cancel_past_deadline()
     result["webhooks_resent"] = webhooks.resend_due()
-    result["idempotency_keys_expired"] = idempotency.expire()
-    if any(v for k, v in result.items() if k != "idempotency_keys_expired"):
+    if any(result.values()):
         log.warning("reaper: %s", result)
     return result
 

@@ -90,3 +90,13 @@ def publish(job_id, event: dict) -> None:
 def last_state(job_id) -> dict | None:
     raw = get_redis().get(_state_key(job_id))
     return json.loads(raw) if raw else None
+
+
+def publish_status(sender=None, job_ids=(), **kwargs) -> None:
+    """Receiver of jobs.actions.notify.status_committed: each job's status event, after the
+    transaction that changed it committed."""
+    from jobs.models import GenerationJob
+    from jobs.representation import status_event
+
+    for job in GenerationJob.objects.filter(id__in=list(job_ids)).prefetch_related("images"):
+        publish(job.id, status_event(job))

@@ -28,8 +28,8 @@ try:  # pragma: no branch
         RedisChannelLayer.brpop_timeout = 2
 except ImportError:  # another channel layer backend
     pass
-from jobs.api.serializers import status_event
 from jobs.models import GenerationJob, JobStatus
+from jobs.representation import status_event
 
 log = logging.getLogger(__name__)
 

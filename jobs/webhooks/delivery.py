@@ -11,7 +11,7 @@ keyed with the owner's secret (`whsec_<base64 of 32 random bytes>`; the key is t
 bytes), returned by GET /api/v1/account and rotated by POST /api/v1/account/webhook-secret.
 
 No delivery is lost: jobs/actions writes the WebhookDelivery row (the outbox) in the same
-transaction as the terminal status change (record_terminal, from actions.notify); after commit
+transaction as the terminal status change (record_terminal, a receiver of actions.notify); after commit
 a task on the io queue delivers it. An attempt first takes a lease on the row (next_attempt_at
 moves past the attempt's timeout plus IMAGEGEN_WEBHOOK_LEASE_SLACK), so a worker killed
 mid-attempt, or a dispatch lost with the broker, leaves a row that the reaper sends again
@@ -48,6 +48,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+
+from jobs.representation import JobSerializer
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +164,10 @@ def validate_url(url: str) -> str:
 
 # --- the outbox ---
 
-def record_terminal(job_ids) -> None:
-    """Called inside the transaction that moved these jobs (jobs.actions.notify): an outbox row
-    for each job now in a terminal status with a webhook URL, and its delivery after commit."""
-    from jobs.api.serializers import JobSerializer
+def record_terminal(sender=None, job_ids=(), **kwargs) -> None:
+    """Receiver of jobs.actions.notify.status_changed, inside the transaction that moved these
+    jobs: an outbox row for each job now in a terminal status with a webhook URL, and its
+    delivery after commit."""
     from jobs.models import TERMINAL_STATUSES, GenerationJob, WebhookDelivery
 
     jobs = list(GenerationJob.objects.filter(id__in=list(job_ids), status__in=list(TERMINAL_STATUSES))
