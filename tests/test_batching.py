@@ -65,7 +65,10 @@ def test_mixed_shapes_never_share_a_batch(workers, alice_api):
 
 
 def test_a_lone_job_starts_within_the_fill_wait_plus_slack(workers, alice_api):
-    time.sleep(0.5)  # let earlier work drain
+    deadline = time.monotonic() + 60  # earlier tests' work drained: this job is alone
+    while GenerationJob.objects.filter(status="running").exists():
+        assert time.monotonic() < deadline, "earlier work never drained"
+        time.sleep(0.05)
     job = wait_for_status(submit(alice_api, steps=2)["id"], ("done",))
     # It ran without waiting for a full batch: its pass started once the worker's fill window
     # (FILL_WAIT from the take) closed. Measured inside the worker, not end to end, so a loaded
@@ -101,7 +104,10 @@ def test_sigkill_of_a_gpu_worker_mid_batch_loses_no_job_and_duplicates_nothing(w
     while not Batch.objects.filter(worker__endswith=f":{victim_id}", finished_at=None).exists():
         assert time.monotonic() < deadline, "the victim never took a batch"
         time.sleep(0.05)
-    time.sleep(0.5)  # mid-denoise
+    while not GenerationJob.objects.filter(batch__worker__endswith=f":{victim_id}", batch__finished_at=None,
+                                           progress_step__gte=1).exists():  # mid-denoise
+        assert time.monotonic() < deadline, "the victim's batch never denoised a step"
+        time.sleep(0.02)
     second.kill()
     jobs = wait_all(ids, timeout=180)
     for job in jobs:

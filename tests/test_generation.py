@@ -109,10 +109,12 @@ def test_cancelling_a_queued_job_means_it_never_runs(workers, alice_api):
     response = alice_api.post(f"/api/v1/jobs/{job['id']}/cancel")
     assert response.status_code == 202
     assert response.json()["status"] == "cancelled"
-    import time
+    # No worker serves its lane: nothing can start it; the row and the scheduler agree it is gone.
+    from jobs.actions import shape_of
+    from scheduling import scheduler
 
-    time.sleep(2.0)
     row = GenerationJob.objects.get(id=job["id"])
+    assert not scheduler.is_enqueued(shape_of(row), str(row.id), 1, owner=str(row.owner_id), tier=scheduler.tier_of(row.priority))
     assert row.status == "cancelled"
     assert row.started_at is None and row.batch_id is None
     assert row.images.count() == 0
