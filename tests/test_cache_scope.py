@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import GenerationJob
-from tests.conftest import wait_for_status
+from tests.conftest import wait_for_status, wait_until_cached
 from tests.test_generation import submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_by_default_another_users_seeded_request_is_not_served_from_the_cache(workers, alice_api, bob_api):
     first = submit(alice_api, seed=4243, steps=2, prompt="a teal square on a grey background")
-    wait_for_status(first["id"], ("done",))
+    wait_until_cached(wait_for_status(first["id"], ("done",)))
     probe = submit(bob_api, seed=4243, steps=2, prompt="a teal square on a grey background")
     assert probe["status"] == "queued", "bob learned in one request that alice asked for this (prompt, seed)"
     assert wait_for_status(probe["id"], ("done",)).batch_id is not None  # generated for him
@@ -29,9 +29,9 @@ def test_global_unseeded_scope_shares_only_requests_without_a_seed(workers, alic
     settings.IMAGEGEN_FIXED_SEED = 12
     unseeded = {"steps": 2, "prompt": "a maroon circle on a cream background"}
     first = alice_api.post("/api/v1/jobs", unseeded, format="json").json()
-    wait_for_status(first["id"], ("done",))
+    wait_until_cached(wait_for_status(first["id"], ("done",)))
     shared = bob_api.post("/api/v1/jobs", unseeded, format="json").json()
     assert shared["status"] == "done" and GenerationJob.objects.get(id=shared["id"]).batch_id is None
     seeded = submit(alice_api, seed=77, steps=2, prompt="a maroon square on a cream background")
-    wait_for_status(seeded["id"], ("done",))
+    wait_until_cached(wait_for_status(seeded["id"], ("done",)))
     assert submit(bob_api, seed=77, steps=2, prompt="a maroon square on a cream background")["status"] == "queued"
