@@ -40,6 +40,7 @@ import websockets
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import pct  # noqa: E402
 from scripts.procs import stop_group  # noqa: E402
 
 PY = sys.executable
@@ -190,11 +191,9 @@ class Watcher:
 
 
 def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(q / 100.0 * (len(ordered) - 1)))))
-    return ordered[k]
+    """The q-th percentile (0..100); NaN for no values."""
+    value = pct(values, q / 100.0)
+    return float("nan") if value is None else value
 
 
 async def bench(args, base_url: str, token: str, service: Service | None) -> dict:
