@@ -287,7 +287,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
 
 
 class JobSerializerExtension(OpenApiSerializerExtension):
-    target_class = "jobs.api.serializers.JobSerializer"
+    target_class = "jobs.representation.JobSerializer"
 
     def map_serializer(self, auto_schema, direction):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
