@@ -545,7 +545,7 @@ def scenario_storage(owner, workdir: Path) -> dict:
                                    IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF=0.2), \
                     mock.patch.object(jobs.media.storage, "quarantine_storage", return_value=storage), \
                     mock.patch.object(generate, "quarantine_storage", return_value=storage), \
-                    mock.patch.object(generate, "send_stage"):
+                    mock.patch.object(generate.stages, "send_next"):
                 runner._hand_off(item)
             if canceller is not None:
                 canceller.join()
