@@ -9,9 +9,11 @@ The answer for a text (``LanguageID.identify``):
 * ``language``: the most likely language (ISO 639-1 where there is one), ``"und"`` for a text
   without letters;
 * ``candidates``: the declared languages it might be. A text whose language cannot be told with
-  confidence (short, mixed scripts: "nude woman" comes out as Fulah 0.29, English 0.09) is judged by
-  the rules of every declared language among its likely ones (the rules of all languages always run,
-  so this decides only whether the fallback applies);
+  confidence (under CONFIDENT_LETTERS letters or a top probability under CONFIDENT_P: "nude woman"
+  comes out as Fulah 0.29, English 0.09) may be any declared language among its likely ones or
+  written in its script(s), and is judged by the rules of all of them (the rules of every language
+  always run, so this decides only whether the fallback applies); when none fits (a script no
+  declared language uses) the fallback applies;
 * ``unreadable``: the undeclared languages found in the whole prompt or in one of its clauses
   (a mixed prompt: an English style tag around a sentence in Swahili), each found with
   confidence, or the only likely languages of an uncertain text. When it is not empty the
@@ -47,6 +49,30 @@ ALIASES = {"nn": "no", "nb": "no", "zxx": "und", "wuu": "zh", "yue": "zh"}
 
 _CLAUSE_SPLIT_RE = re.compile(r"[.;!?\n|,:()\[\]\"«»“”。、，！？；：]+|\s[-–—]+\s")
 _LATIN_WORD_RE = re.compile(r"[a-z]{2,}")
+
+
+# The script each declared language is written in; an uncertain text may be any declared language
+# of its script. A language missing here has no script fallback (only the identifier's ranking).
+SCRIPTS = {
+    "LATIN": {"en", "es", "de", "fr", "pt", "it", "pl", "nl", "sv", "tr", "id", "vi", "cs", "da", "fi", "hu",
+              "no", "ro"},
+    "CYRILLIC": {"ru", "uk", "bg"}, "ARABIC": {"ar", "fa"}, "DEVANAGARI": {"hi"}, "GREEK": {"el"},
+    "HEBREW": {"he"}, "THAI": {"th"}, "CJK": {"zh", "ja"}, "HIRAGANA": {"ja"}, "KATAKANA": {"ja"},
+    "HANGUL": {"ko"},
+}
+
+
+def scripts(text: str) -> set[str]:
+    """The scripts of a text's letters (Unicode name prefixes; Han is "CJK")."""
+    out: set[str] = set()
+    for ch in set(text):
+        if ch.isalpha():
+            if ch.isascii():
+                out.add("LATIN")
+                continue
+            name = unicodedata.name(ch, "")
+            out.add(name.split(" ", 1)[0] if name else "")
+    return out
 
 
 class LanguageIDError(RuntimeError):
@@ -123,6 +149,10 @@ class LanguageID:
             else:
                 cands.insert(0, "en")
         confident = p_top >= CONFIDENT_P and _letters(text) >= CONFIDENT_LETTERS
+        if not confident:
+            # too little to tell: every declared language written in the text's script(s) may be it
+            for script in sorted(scripts(text)):
+                cands += sorted((SCRIPTS.get(script, set()) & self.declared) - set(cands))
         return top, p_top, cands, confident
 
     def identify(self, text: str) -> LanguageReading:
