@@ -87,6 +87,7 @@ class LanguageReading:
     unreadable: tuple[str, ...]  # undeclared languages found (whole prompt or a clause)
     uncertain: bool  # the whole text's language could not be told with confidence
     clauses: tuple[str, ...] = ()  # the language of each clause identified on its own
+    by_script: bool = False  # uncertain, and the candidates come only from the text's script
 
     @property
     def readable(self) -> bool:
@@ -130,8 +131,9 @@ class LanguageID:
             return 0.0
         return sum(w in self._english for w in words) / len(words)
 
-    def _one(self, text: str) -> tuple[str, float, list[str], bool]:
-        """(top language, its probability, declared languages it might be, confident)."""
+    def _one(self, text: str) -> tuple[str, float, list[str], bool, bool]:
+        """(top language, its probability, declared languages it might be, confident, the
+        candidates come from the script alone)."""
         import numpy as np
 
         with self._lock:  # the identifier's arrays are shared; its scoring is cheap
@@ -149,17 +151,19 @@ class LanguageID:
             else:
                 cands.insert(0, "en")
         confident = p_top >= CONFIDENT_P and _letters(text) >= CONFIDENT_LETTERS
-        if not confident:
+        by_script = False
+        if not confident and not cands:
+            by_script = True
             # too little to tell: every declared language written in the text's script(s) may be it
             for script in sorted(scripts(text)):
                 cands += sorted((SCRIPTS.get(script, set()) & self.declared) - set(cands))
-        return top, p_top, cands, confident
+        return top, p_top, cands, confident, by_script
 
     def identify(self, text: str) -> LanguageReading:
         prepared = _prepare(text)
         if _letters(prepared) == 0:
             return LanguageReading("und", 0.0, tuple(sorted(self.declared)), (), False)
-        top, p_top, cands, confident = self._one(prepared)
+        top, p_top, cands, confident, by_script = self._one(prepared)
         unreadable: list[str] = []
         if not cands:
             unreadable.append(top)
@@ -171,14 +175,14 @@ class LanguageID:
                 if "en" in self.declared and self._english_share(part) >= ENGLISH_SHARE:
                     clause_langs.append("en")
                     continue
-                c_top, _, c_cands, c_confident = self._one(part)
+                c_top, _, c_cands, c_confident, _ = self._one(part)
                 clause_langs.append(c_cands[0] if c_cands else c_top)
                 # a clause counts against the prompt only when it is confidently undeclared
                 if not c_cands and c_confident and c_top not in unreadable:
                     unreadable.append(c_top)
         language = top if (top in self.declared or not cands) else cands[0]
         return LanguageReading(language, round(float(p_top), 4), tuple(cands), tuple(unreadable),
-                               not confident, tuple(clause_langs))
+                               not confident, tuple(clause_langs), by_script and bool(cands))
 
 
 _MODEL = None

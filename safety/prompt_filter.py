@@ -542,11 +542,13 @@ class PromptFilter:
     def identify_language(self, prompt: str, resolved: str | None = None) -> LanguageReading:
         """The prompt's language against the policy's declared ones. A prompt that reads as
         undeclared is read again after normalisation (homoglyphs, spaced and masked letters confuse
-        the identifier: "p o r n", "hеntаi"); the second reading wins when it is readable."""
+        the identifier: "p o r n", "hеntаi"); the second reading wins when it is readable by more
+        than its script (normalisation folds look-alike scripts to Latin: Armenian մերկ would
+        otherwise pass as an uncertain Latin text)."""
         reading = self.language_id.identify(prompt)
         if reading.unreadable and resolved is not None and resolved != prompt:
             again = self.language_id.identify(resolved)
-            if again.readable:
+            if again.readable and not again.by_script:
                 return again
         return reading
 
