@@ -36,6 +36,7 @@ def gate_prompt(job_id: str) -> str:
             score=result.score,
             reason=result.reason if result.decision != "allow" else (f"matched: {result.matched}" if result.matched else ""),
             policy_version=result.policy_version,
+            language=result.language,
             notes=f"matched: {result.matched}" if result.matched else "",
         )
         metrics.count_verdicts([verdict])

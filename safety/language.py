@@ -151,9 +151,8 @@ class LanguageID:
             else:
                 cands.insert(0, "en")
         confident = p_top >= CONFIDENT_P and _letters(text) >= CONFIDENT_LETTERS
-        by_script = False
-        if not confident and not cands:
-            by_script = True
+        by_script = not confident and not cands
+        if not confident:
             # too little to tell: every declared language written in the text's script(s) may be it
             for script in sorted(scripts(text)):
                 cands += sorted((SCRIPTS.get(script, set()) & self.declared) - set(cands))
