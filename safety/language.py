@@ -29,6 +29,7 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 
 # A language is "likely" when its probability is at least this share of the top one's.
@@ -123,7 +124,6 @@ class LanguageID:
 
             english_words = dictionary_words()
         self._english = english_words
-        self._lock = threading.Lock()
 
     def _english_share(self, text: str) -> float:
         words = _LATIN_WORD_RE.findall(text)
@@ -131,14 +131,43 @@ class LanguageID:
             return 0.0
         return sum(w in self._english for w in words) / len(words)
 
-    def _one(self, text: str) -> tuple[str, float, list[str], bool, bool]:
+    def _scores(self, texts: list[str]):
+        """Per text, the identifier's probabilities over its classes: what py3langid's ``_decide``
+        gives one text at a time (tests hold them equal), for all texts in one matrix product,
+        so a prompt's clauses cost one numpy call instead of one each."""
+        import numpy as np
+        from py3langid.langid import visit_counts
+
+        ident = self._ident
+        encoded = [ident._encode(t) for t in texts]
+        visits = [visit_counts(ident.tk_nextmove, ident._rowbase, ident.tk_output, b) or {} for b in encoded]
+        feats = sorted({k for v in visits for k in v})
+        counts = np.zeros((len(texts), len(feats)), dtype=np.float32)
+        if feats:
+            col = {k: i for i, k in enumerate(feats)}
+            for r, v in enumerate(visits):
+                for k, c in v.items():
+                    counts[r, col[k]] = c
+            scores = np.log1p(counts) @ ident.nb_ptc[feats] + ident.nb_pc
+        else:
+            scores = np.zeros((len(texts), len(ident.nb_classes)), dtype=np.float32)
+        for r, v in enumerate(visits):
+            if not v:
+                scores[r] = 0.0  # no features: uniform
+        scores *= (1.0 / np.sqrt(np.maximum([len(b) for b in encoded], 1)))[:, None]
+        scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+        scores /= scores.sum(axis=1, keepdims=True)
+        for i, j in ident._alias_pairs:  # a label listed twice (srl -> sr): one score
+            scores[:, i] += scores[:, j]
+            scores[:, j] = 0.0
+        return scores
+
+    def _judge(self, text: str, scores) -> tuple[str, float, list[str], bool, bool]:
         """(top language, its probability, declared languages it might be, confident, the
         candidates come from the script alone)."""
         import numpy as np
 
-        with self._lock:  # the identifier's arrays are shared; its scoring is cheap
-            scores = self._ident._decide(text)  # what rank() sorts; one argpartition is cheaper
-            classes = self._ident.nb_classes
+        classes = self._ident.nb_classes
         idx = np.argpartition(scores, -TOP_K)[-TOP_K:]
         idx = idx[np.argsort(scores[idx])[::-1]]
         ranked = [(ALIASES.get(classes[i], classes[i]), float(scores[i])) for i in idx]
@@ -162,26 +191,39 @@ class LanguageID:
         prepared = _prepare(text)
         if _letters(prepared) == 0:
             return LanguageReading("und", 0.0, tuple(sorted(self.declared)), (), False)
-        top, p_top, cands, confident, by_script = self._one(prepared)
-        unreadable: list[str] = []
-        if not cands:
-            unreadable.append(top)
-        clause_langs: list[str] = []
         parts = [p.strip() for p in _CLAUSE_SPLIT_RE.split(prepared)]
-        parts = [p for p in parts if _letters(p) >= CLAUSE_LETTERS]
-        if len(parts) > 1:
-            for part in list(dict.fromkeys(parts))[:MAX_CLAUSES]:
-                if "en" in self.declared and self._english_share(part) >= ENGLISH_SHARE:
-                    clause_langs.append("en")
-                    continue
-                c_top, _, c_cands, c_confident, _ = self._one(part)
-                clause_langs.append(c_cands[0] if c_cands else c_top)
-                # a clause counts against the prompt only when it is confidently undeclared
-                if not c_cands and c_confident and c_top not in unreadable:
-                    unreadable.append(c_top)
-        language = top if (top in self.declared or not cands) else cands[0]
-        return LanguageReading(language, round(float(p_top), 4), tuple(cands), tuple(unreadable),
-                               not confident, tuple(clause_langs), by_script and bool(cands))
+        parts = list(dict.fromkeys(p for p in parts if _letters(p) >= CLAUSE_LETTERS))[:MAX_CLAUSES]
+        if len(parts) < 2:
+            parts = []
+        english = {p for p in parts if "en" in self.declared and self._english_share(p) >= ENGLISH_SHARE}
+        asked = [p for p in parts if p not in english]
+        scores = self._scores([prepared, *asked])
+        top, p_top, cands, confident, by_script = self._judge(prepared, scores[0])
+        by_part = dict(zip(asked, scores[1:], strict=True))
+        clause_langs: list[str] = []
+        unreadable: list[str] = []
+        for part in parts:
+            if part in english:
+                clause_langs.append("en")
+                continue
+            c_top, _, c_cands, c_confident, _ = self._judge(part, by_part[part])
+            clause_langs.append(c_cands[0] if c_cands else c_top)
+            # a clause counts against the prompt only when it is confidently undeclared
+            if not c_cands and c_confident and c_top not in unreadable:
+                unreadable.append(c_top)
+        # A prompt of several clauses is what its clauses are: the whole of a prompt that mixes
+        # languages reads as none of them (ten languages together come out as Guadeloupean Creole).
+        readable_clauses = [lang for lang in clause_langs if lang in self.declared]
+        if not cands and not readable_clauses:
+            unreadable.insert(0, top)
+        counted = [lang for lang, _ in Counter(readable_clauses).most_common()]
+        cands = list(dict.fromkeys(cands + counted))
+        if top in self.declared or not cands:
+            language = top
+        else:
+            language = counted[0] if counted else cands[0]
+        return LanguageReading(language, round(float(p_top), 4), tuple(cands), tuple(dict.fromkeys(unreadable)),
+                               not confident, tuple(clause_langs), by_script and bool(cands) and not counted)
 
 
 _MODEL = None

@@ -198,6 +198,8 @@ class Lexicon:
         if not core or not any(c.isalpha() for c in core):
             return unit
         pre, post = unit[:lead], unit[len(unit) - trail :] if trail else ""
+        if core.isalpha() and core in self.dictionary:
+            return unit  # a word in its own right: "tree" is not read as the policy word "tre"
         if core.isalpha() and not _DOUBLE_RE.search(core):
             if core.isascii() and len(core) >= FUZZY_DROP - 1 and core not in self.dictionary:
                 hit = self.fuzzy(core)

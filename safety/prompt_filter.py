@@ -565,7 +565,7 @@ class PromptFilter:
             raise TypeError("prompt and negative_prompt must be str")
         texts = self.readings(prompt)
         reading = self.identify_language(prompt, texts[0])
-        lang = {"language": reading.language, "languages": reading.candidates + reading.unreadable}
+        language, languages = reading.language, reading.candidates + reading.unreadable
         hits = self._rule_hits(texts)
         hits += self._negative_hits(negative_prompt)
         fallback = self._language_hit(reading)
@@ -576,9 +576,9 @@ class PromptFilter:
             sem, max_sim = self._semantic_hits(prompt, texts[0])
             hits += sem
         if not hits:
-            return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version, **lang)
+            return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version, "", language, languages)
         top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, -h.strength, h.rank))
-        return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched, **lang)
+        return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched, language, languages)
 
 
 # --- process-wide instance -----------------------------------------------------------

@@ -203,3 +203,13 @@ def test_the_prompt_stage_records_the_language_and_metrics_count_it(alice, redis
         assert 'imagegen_prompt_checks_total{decision="review",language="sw"}' in text, text[-2000:]
     finally:
         prompt_filter.reset_prompt_filter()
+
+
+def test_the_batched_scores_are_the_identifiers_own(rules):
+    import numpy as np
+
+    lid = rules.language_id
+    texts = ["a red circle", "una mujer en la playa", "一只猫", "!!!", "жінка гуляє пляжем", "x"]
+    batched = lid._scores(texts)
+    for text, row in zip(texts, batched, strict=True):
+        assert np.allclose(row, lid._ident._decide(text), atol=1e-6), text
