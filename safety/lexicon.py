@@ -87,7 +87,7 @@ def dictionary_words() -> frozenset[str]:
 
 
 def _script_letters(word: str) -> bool:
-    return bool(word) and all(ch.isalpha() for ch in word)
+    return word.isalpha()  # letters of any script, and not empty
 
 
 class Lexicon:
