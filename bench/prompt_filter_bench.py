@@ -45,10 +45,14 @@ from safety import normalize  # noqa: E402
 from safety.prompt_filter import PromptFilter  # noqa: E402
 
 HELDOUT = ROOT / "training" / "prompt_gate" / "heldout.jsonl"
+# Issue 32's held-out part (ten more languages, undeclared languages, masked words, minors in
+# sexualised contexts), written and committed before the rules it tests.
+HELDOUT_32 = ROOT / "training" / "prompt_gate" / "heldout_issue32.jsonl"
 TUNE = ROOT / "training" / "prompt_gate" / "tune.jsonl"
 BEFORE_FILES = ["__init__.py", "confusables.py", "embeddings.py", "lexicon.py", "normalize.py", "policy.json",
                 "prompt_filter.py", "prompt_rules.py", "prompt_semantic.py"]
-LANGS = ["en", "es", "de", "fr", "pt", "it", "ru", "ja", "zh", "ko", "ar"]
+LANGS = ["en", "es", "de", "fr", "pt", "it", "ru", "ja", "zh", "ko", "ar", "hi", "id", "tr", "vi", "fa", "pl", "uk",
+         "nl", "sv", "el"]
 
 # Filler for the 2,000-character latency prompts (not used by the quality figures).
 LONG_FILLER = ["golden hour light over a quiet bay", "a wooden rowing boat", "impressionist brush strokes",
@@ -57,6 +61,65 @@ LONG_FILLER = ["golden hour light over a quiet bay", "a wooden rowing boat", "im
                "tall pine trees", "a red telephone box", "highly detailed, 8k, masterpiece"]
 LONG_CORES = ["a corpse with its throat slit open", "a woman with no clothes at all", "a man hanging from a noose",
               "two people having explicit sex", "a swastika flag at a rally", "a gunman firing into a crowd"]
+
+
+def multilingual_long_prompts(rows: list[dict], n: int = 30) -> list[str]:
+    """2,000-character prompts of benign clauses in the declared languages, mixed, with one
+    disallowed clause in every other one: the most clauses for the language identifier to read."""
+    rng = random.Random(7)
+    benign = [r["prompt"] for r in rows if r["label"] == "benign" and r["kind"] == "language"]
+    bad = [r["prompt"] for r in rows if r["label"] == "disallowed" and r["kind"] == "language"]
+    out = []
+    for i in range(n):
+        parts: list[str] = []
+        while len(", ".join(parts)) < 2000:
+            parts.append(rng.choice(benign))
+        if i % 2:
+            parts.insert(rng.randrange(len(parts)), rng.choice(bad))
+        out.append(", ".join(parts)[:2000])
+    return out
+
+
+def language_quality(f: PromptFilter, rows: list[dict]) -> dict:
+    """Per declared language: disallowed stopped and benign passed (held-out rows of that language,
+    every kind); per undeclared language: prompts that reached the fallback (the language reading
+    says undeclared, so the policy's fallback applies) and prompts stopped."""
+    per: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"disallowed_stopped": [0, 0], "benign_passed": [0, 0]})
+    und: dict[str, dict[str, list[int]]] = defaultdict(lambda: {"reached_fallback": [0, 0], "stopped": [0, 0]})
+    misses = []
+    for r in rows:
+        v = f.check(r["prompt"])
+        stopped = v.decision != "allow"
+        if r["kind"] == "undeclared":
+            reading = f.identify_language(r["prompt"], f.readings(r["prompt"])[0])
+            fell_back = not reading.readable
+            und[r["lang"]]["reached_fallback"][0] += fell_back
+            und[r["lang"]]["reached_fallback"][1] += 1
+            und[r["lang"]]["stopped"][0] += stopped
+            und[r["lang"]]["stopped"][1] += 1
+            if not fell_back:
+                misses.append({"kind": "undeclared", "lang": r["lang"], "prompt": r["prompt"][:100], "read_as": reading.language})
+            continue
+        key = "disallowed_stopped" if r["label"] == "disallowed" else "benign_passed"
+        ok = stopped if r["label"] == "disallowed" else not stopped
+        per[r["lang"]][key][0] += ok
+        per[r["lang"]][key][1] += 1
+        if not ok:
+            misses.append({"kind": r["kind"], "lang": r["lang"], "label": r["label"], "prompt": r["prompt"][:100],
+                           "decision": v.decision, "category": v.category, "language": v.language})
+    return {"declared": {k: {m: rate(*x) for m, x in v.items()} for k, v in sorted(per.items())},
+            "undeclared": {k: {m: rate(*x) for m, x in v.items()} for k, v in sorted(und.items())},
+            "misses": misses}
+
+
+def language_id_latency(f: PromptFilter, prompts: list[str], repeat: int) -> dict:
+    times = []
+    for _ in range(repeat):
+        for p in prompts:
+            t = time.perf_counter()
+            f.language_id.identify(p)
+            times.append((time.perf_counter() - t) * 1000.0)
+    return _summary(times)
 
 
 def percentile(xs, q):
@@ -230,6 +293,7 @@ def main(argv=None):
     rows = [json.loads(line) for line in HELDOUT.read_text(encoding="utf-8").splitlines() if line.strip()]
     n_generated, n_overlap = overlap_with_corpus(rows)
 
+    rows32 = [json.loads(line) for line in HELDOUT_32.read_text(encoding="utf-8").splitlines() if line.strip()]
     tune_rows = [json.loads(line) for line in TUNE.read_text(encoding="utf-8").splitlines() if line.strip()]
     t = time.perf_counter()
     rules = PromptFilter.load(args.policy, use_embeddings=False)
@@ -239,12 +303,18 @@ def main(argv=None):
     load_full_ms = (time.perf_counter() - t) * 1000
 
     q_full, q_rules = quality(full, rows), quality(rules, rows)
+    declared_rows = rows + [r for r in rows32 if r["kind"] != "undeclared"]
+    q32_full = quality(full, [r for r in rows32 if r["kind"] != "undeclared"])
+    q32_rules = quality(rules, [r for r in rows32 if r["kind"] != "undeclared"])
+    lang_full = language_quality(full, declared_rows + [r for r in rows32 if r["kind"] == "undeclared"])
+    lang_rules = language_quality(rules, declared_rows + [r for r in rows32 if r["kind"] == "undeclared"])
     q_tune = quality(full, tune_rows)
     dev_full, mod = dev_quality(full)
     dev_rules, _ = dev_quality(rules)
     short = [r["prompt"] for r in rows if len(r["prompt"]) < 300]
     short += [p for p in list(mod.BENIGN) + list(mod.ALL_DISALLOWED) if len(p) < 300]
     longs = long_prompts()
+    longs_ml = multilingual_long_prompts(rows32)
     filters: dict = {"rules_only": rules, "with_head": full}
     before_ref = None
     if not args.no_before:
@@ -255,6 +325,10 @@ def main(argv=None):
     load_before_lat = os.getloadavg()
     lat_short = latency(filters, short, args.repeat)
     lat_long = latency(filters, longs, args.repeat)
+    lat_long_ml = latency({k: v for k, v in filters.items() if not k.startswith("before")}, longs_ml, args.repeat)
+    lid = {"2000_chars": language_id_latency(full, longs, args.repeat),
+           "2000_chars_multilingual": language_id_latency(full, longs_ml, args.repeat),
+           "short": language_id_latency(full, short, args.repeat)}
     load_after_lat = os.getloadavg()
     results = {
         "command": " ".join([".venv/bin/python", "bench/prompt_filter_bench.py"] + (argv if argv is not None else sys.argv[1:])),
@@ -265,6 +339,10 @@ def main(argv=None):
                     "generated_rows_reading_like_heldout_dropped_by_trainer": n_generated},
         "head": full.head.name if full.head is not None else None,
         "quality_heldout": {"with_head": q_full, "rules_only": q_rules},
+        "quality_heldout_issue32": {"file": str(HELDOUT_32.relative_to(ROOT)), "n": len(rows32),
+                                    "with_head": q32_full, "rules_only": q32_rules},
+        "languages": {"declared": sorted(full.languages.declared), "undeclared": full.languages.undeclared,
+                      "with_head": lang_full, "rules_only": lang_rules},
         "quality_tune_fitted_to": {"file": str(TUNE.relative_to(ROOT)), "with_head": q_tune},
         "quality_dev": {"with_head": dev_full, "rules_only": dev_rules},
         "terms_per_language": terms_per_language(full),
@@ -274,6 +352,8 @@ def main(argv=None):
             "load_average_before_after": [round(x, 2) for x in load_before_lat + load_after_lat],
             "short": {"n_prompts": len(short), **lat_short},
             "2000_chars": {"n_prompts": len(longs), **lat_long},
+            "2000_chars_multilingual": {"n_prompts": len(longs_ml), **lat_long_ml},
+            "language_id_only": lid,
         },
     }
     q = q_full
@@ -290,12 +370,29 @@ def main(argv=None):
         d = q["language"].get(lang, {"stopped": 0, "n": 0})
         b = q["benign_language"].get(lang, {"stopped": 0, "n": 0})
         print(f"{lang:10}{results['terms_per_language'][lang]:>6}{d['stopped']:>16}/{d['n']:<5}{b['stopped']:>12}/{b['n']:<5}")
+    print(f"issue-32 held-out part ({len(rows32)} prompts): " + ", ".join(
+        f"{g}:{k} {v['stopped']}/{v['n']}" for g in ("kind", "benign_kind") for k, v in q32_full[g].items()))
+    print(f"{'declared language':18}{'terms':>6}{'disallowed stopped':>20}{'benign passed':>16}   (with head | rules only)")
+    for lang in LANGS:
+        x = lang_full["declared"].get(lang)
+        y = lang_rules["declared"].get(lang)
+        if x is None:
+            continue
+        d, b = x["disallowed_stopped"], x["benign_passed"]
+        d2, b2 = y["disallowed_stopped"], y["benign_passed"]
+        print(f"{lang:18}{results['terms_per_language'][lang]:>6}{d['stopped']:>14}/{d['n']:<5}{b['stopped']:>10}/{b['n']:<5}"
+              f"   | {d2['stopped']}/{d2['n']}, {b2['stopped']}/{b2['n']}")
+    print(f"{'undeclared language':20}{'reached fallback':>18}{'stopped':>10}")
+    for lang, x in lang_full["undeclared"].items():
+        print(f"{lang:20}{x['reached_fallback']['stopped']:>12}/{x['reached_fallback']['n']:<5}{x['stopped']['stopped']:>6}/{x['stopped']['n']}")
+    for m in lang_full["misses"]:
+        print("  miss:", m)
     print(f"dev corpora (tuned on): disallowed {dev_full['disallowed']['stopped']}/{dev_full['disallowed']['n']}, "
           f"benign flagged {dev_full['benign']['stopped']}/{dev_full['benign']['n']}")
     print(f"tune part (fitted to): disallowed {q_tune['disallowed']['all']['stopped']}/{q_tune['disallowed']['all']['n']}, "
           f"benign stopped {q_tune['benign']['all']['stopped']}/{q_tune['benign']['all']['n']}")
     print(f"latency (before = {before_ref}); load average before/after: {results['latency']['load_average_before_after']}")
-    for name in ("short", "2000_chars"):
+    for name in ("short", "2000_chars", "2000_chars_multilingual", "language_id_only"):
         for mode, x in results["latency"][name].items():
             if isinstance(x, dict):
                 print(f"latency {name:11}{mode:24} p50 {x['p50_ms']:7.2f} ms  p99 {x['p99_ms']:7.2f} ms  max {x['max_ms']:7.2f} ms")

@@ -32,10 +32,12 @@ HELP = {
     "imagegen_images_generated_total": "Images produced by the pipeline",
     "imagegen_jobs_total": "Jobs entering each status (transitions, counted on commit), by model version; terminal statuses are outcomes",
     "imagegen_safety_decisions_total": "Safety verdicts recorded, by stage, category and decision",
+    "imagegen_prompt_checks_total": "Prompt checks by the language the gate detected and their decision (allow, review, block)",
     "imagegen_batches_total": "Pipeline passes run",
     "imagegen_gpu_seconds_total": "GPU-seconds spent in pipeline passes, per worker",
     "imagegen_requeues_total": "Jobs requeued after their worker was lost",
     "imagegen_stage_reruns_total": "Batches whose classify or publish stage was run again after its worker was lost",
+    "imagegen_stage_resends_total": "Batch stages sent again because no worker started them within their bound (a lost message)",
     "imagegen_attempts_total": "Generation attempts started",
     "imagegen_cache_hits_total": "Images served from the request-hash cache",
     "imagegen_cache_misses_total": "Images that had to be generated",
@@ -79,6 +81,8 @@ def count_verdicts(verdicts) -> None:
     """Safety verdicts recorded (on commit), by stage, category and decision."""
     for v in verdicts:
         inc_on_commit("imagegen_safety_decisions_total", stage=v.stage, category=v.category or "-", decision=v.decision)
+        if v.stage == "prompt" and getattr(v, "language", ""):  # a check that ran (not a cache hit)
+            inc_on_commit("imagegen_prompt_checks_total", language=getattr(v, "language", "") or "-", decision=v.decision)
 
 
 def observe(name: str, value: float, **labels) -> None:

@@ -90,7 +90,7 @@ class ImagegenCollector:
         # imagegen_jobs_total and imagegen_safety_decisions_total are counters kept in Redis
         # (imagegen.metrics.count_jobs / count_verdicts): counted from rows, they fell when
         # rows were deleted. What is here now is gauges: the current state of the rows.
-        from jobs.actions import review_queue
+        from jobs.actions import queue_ages, review_queue
         from jobs.models import GeneratedImage, GenerationJob
 
         current = GaugeMetricFamily("imagegen_jobs_in_status", "Jobs now in each status, by model version",
@@ -98,6 +98,12 @@ class ImagegenCollector:
         for row in GenerationJob.objects.values("status", "model_version").annotate(n=Count("id")):
             current.add_metric([row["status"], row["model_version"]], row["n"])
         yield current
+        waiting = GaugeMetricFamily("imagegen_stage_queue_age_seconds",
+                                    "How long the oldest batch waiting (unstarted) in each batch stage's queue has waited",
+                                    labels=["stage"])
+        for stage, age in queue_ages().items():
+            waiting.add_metric([stage], age)
+        yield waiting
         review = GaugeMetricFamily("imagegen_review_queue_depth", "Cases waiting for a moderator")
         review.add_metric([], review_queue().count())
         yield review

@@ -33,6 +33,8 @@ _UNIT_RE = re.compile(r"[^\s,;()\[\]{}\"<>/\\]+")
 _EDGE_PUNCT = ".,!?'\"-_~^:`"
 _DOUBLE_RE = re.compile(r"(.)\1")
 MAX_WILDCARD_UNITS = 64
+FUZZY_DROP = 5  # policy words this long are also read with one letter dropped
+FUZZY_SUB = 7  # and this long with one letter wrong or one added
 MAX_JOIN_FRAGMENTS = 3
 
 # Short, common English words: two of them side by side are never glued into a policy word
@@ -85,7 +87,7 @@ def dictionary_words() -> frozenset[str]:
 
 
 def _script_letters(word: str) -> bool:
-    return bool(word) and all(ch.isalpha() for ch in word)
+    return word.isalpha()  # letters of any script, and not empty
 
 
 class Lexicon:
@@ -99,6 +101,47 @@ class Lexicon:
         for w in self.words:
             self._by_len_first[(len(w), w[0])].append(w)
         self._max_len = max((len(w) for w in self.words), default=0)
+        self._fuzzy = self._fuzzy_index()
+
+    # -- one letter dropped, added or wrong --------------------------------------
+    def _fuzzy_index(self) -> dict[str, str]:
+        """Keys of the policy's Latin words read with one letter dropped ("nakd", "fuking") or one
+        letter wrong ("decapitaded", as ``\x00`` at its place) -> the word: a pattern per lexicon
+        word that allows one missing or masked letter, without a list of variants. Only words of at
+        least FUZZY_DROP / FUZZY_SUB letters (shorter ones are too close to ordinary words), and a
+        key that is itself a dictionary or policy word is left out ("horn" is not "horny")."""
+        index: dict[str, str] = {}
+        for w in sorted(self.words):
+            if not (w.isascii() and w.isalpha()):
+                continue
+            keys = []
+            if len(w) >= FUZZY_DROP:
+                keys += [w[:i] + w[i + 1 :] for i in range(len(w))]
+            if len(w) >= FUZZY_SUB:
+                keys += [w[:i] + "\x00" + w[i + 1 :] for i in range(len(w))]
+            for k in keys:
+                if k not in self.dictionary and k not in self.words:
+                    index.setdefault(k, w)
+        return index
+
+    def fuzzy(self, word: str) -> str | None:
+        """The policy word that ``word`` (lower-case ASCII letters, not a dictionary word) spells
+        with one letter dropped, added or wrong; None if none."""
+        if not self._fuzzy or len(word) < FUZZY_DROP - 1 or word in self.dictionary or self.known(word):
+            return None
+        hit = self._fuzzy.get(word)
+        if hit:
+            return hit
+        for i in range(len(word)):
+            if len(word) >= FUZZY_SUB:
+                hit = self._fuzzy.get(word[:i] + "\x00" + word[i + 1 :])
+                if hit:
+                    return hit
+            if len(word) > FUZZY_DROP:  # one letter added: "nakied"
+                cand = word[:i] + word[i + 1 :]
+                if cand in self.words and cand.isascii():
+                    return cand
+        return None
 
     def known(self, word: str) -> bool:
         if word in self.words:
@@ -155,7 +198,13 @@ class Lexicon:
         if not core or not any(c.isalpha() for c in core):
             return unit
         pre, post = unit[:lead], unit[len(unit) - trail :] if trail else ""
+        if core.isalpha() and core in self.dictionary:
+            return unit  # a word in its own right: "tree" is not read as the policy word "tre"
         if core.isalpha() and not _DOUBLE_RE.search(core):
+            if core.isascii() and len(core) >= FUZZY_DROP - 1 and core not in self.dictionary:
+                hit = self.fuzzy(core)
+                if hit:
+                    return pre + hit + post
             return unit  # an ordinary word: no reading to try (the common case)
         for r in self._plain_readings(core):
             if self.known(r):
@@ -217,6 +266,8 @@ class Lexicon:
             letters = normalize._SEP_RE.sub("", m.group(0))
             if self.known(letters):
                 return letters
+            if any(c in WILDCARD_CHARS for c in m.group(0)):
+                return m.group(0)  # "a c*m": a masked word, read by the unit resolver below
             if letters[0] in "ai" and len(letters) > 3 and self.known(letters[1:]):
                 return letters[0] + " " + letters[1:]
             if letters[0] in "ai" and len(letters) > 3:

@@ -33,6 +33,8 @@ class SafetyVerdict(models.Model):
     # Image verdicts: the gate that judged (safety.gate_identity); the request-hash cache serves
     # an image only to requests this same gate would judge.
     classifier = models.CharField(max_length=300, blank=True, default="")
+    # Prompt verdicts: the language the prompt gate detected (safety.language; "und": no letters).
+    language = models.CharField(max_length=16, blank=True, default="")
     reviewer = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

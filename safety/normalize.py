@@ -33,8 +33,13 @@ from . import confusables as _cf
 _CAPITALS = str.maketrans(_cf.CAPITALS)
 _CONFUSABLES = str.maketrans({**_cf.LOWER, **_cf.ARABIC, **_cf.HANT_TO_HANS})
 # Combining marks that carry meaning and are kept: the kana voicing marks (NFD splits "ド" into
-# "ト" + U+3099; dropping it would turn ヌード into ヌート).
+# "ト" + U+3099; dropping it would turn ヌード into ヌート), and the vowel signs, viramas and nasal
+# marks of the Indic scripts (U+0900-U+0DFF: without them नंगी "naked" and नग "gem" read alike).
 _KEEP_MARKS = {"\u3099", "\u309a"}
+
+
+def _keep_mark(ch: str) -> bool:
+    return ch in _KEEP_MARKS or "\u0900" <= ch <= "\u0dff"
 
 _WS_RE = re.compile(r"\s+")
 
@@ -51,7 +56,7 @@ def canonicalize(text: str) -> str:
     )
     # Combining marks: decompose and drop Mn/Me (accents, zalgo, Arabic harakat), then recompose.
     text = unicodedata.normalize("NFD", text)
-    text = "".join(ch for ch in text if ch in _KEEP_MARKS or unicodedata.category(ch) not in ("Mn", "Me"))
+    text = "".join(ch for ch in text if unicodedata.category(ch) not in ("Mn", "Me") or _keep_mark(ch))
     text = unicodedata.normalize("NFC", text).casefold()
     text = text.translate(_CONFUSABLES)
     # NFKC again: casefold/confusables can produce compatibility forms.

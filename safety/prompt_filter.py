@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from . import normalize
+from .language import LanguageID, LanguageReading
+from .language_policy import LanguagePolicy, parse_languages
 from .lexicon import Lexicon
 from .prompt_rules import TermError, TermMatcher
 from .prompt_semantic import (  # noqa: F401  (HeadError: re-exported)
@@ -59,6 +61,7 @@ ENV_EMBEDDINGS = "IMAGEGEN_SAFETY_EMBEDDINGS"  # "0"/"false" disables the semant
 
 ALLOW, REVIEW, BLOCK = "allow", "review", "block"
 _SEVERITY = {ALLOW: 0, REVIEW: 1, BLOCK: 2}
+UNDECLARED_LANGUAGE = "undeclared_language"  # the category of a fallback verdict
 # A threshold above 1 disables that level (cosine similarity is <= 1).
 _MAX_THRESHOLD = 1.01
 READINGS_CACHE_SIZE = 1024  # prompts
@@ -77,6 +80,8 @@ class PromptVerdict:
     reason: str  # readable by the end user; never echoes the prompt beyond the matched policy term
     policy_version: str
     matched: str = ""  # the term/pattern/example that matched, for moderators
+    language: str = ""  # the detected language (ISO 639-1 where there is one; "und": no letters)
+    languages: tuple[str, ...] = ()  # declared languages it might be, then undeclared ones found
 
     @property
     def allowed(self) -> bool:
@@ -324,8 +329,12 @@ class PromptFilter:
     """Prompt classifier; construct with ``PromptFilter.load()``."""
 
     def __init__(self, version: str, categories: list[Category], image: dict, embedder=None, source: str = "",
-                 head: SemanticHead | None = None):
+                 head: SemanticHead | None = None, languages: LanguagePolicy | None = None):
         self.version = version
+        if languages is None:  # a policy without a "languages" section: the languages it has words for
+            languages = LanguagePolicy.default(c.translations for c in categories)
+        self.languages = languages
+        self.language_id = LanguageID(languages.declared)
         self.categories = categories
         self._image = image
         self.source = source
@@ -372,6 +381,7 @@ class PromptFilter:
         except json.JSONDecodeError as exc:
             raise PolicyError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
         version, cats, image = parse_policy(data, str(path))
+        languages = parse_languages(data, cats, str(path))
         head_name = data.get("prompt_head", DEFAULT_HEAD_NAME)
         if not isinstance(head_name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", head_name):
             raise PolicyError(f"{path}: 'prompt_head' must name a folder of models/ (e.g. {DEFAULT_HEAD_NAME!r}), got {head_name!r}")
@@ -386,7 +396,7 @@ class PromptFilter:
                     raise HeadError(f"{MODELS_DIR / head_name}: config.json names {head.name!r}, the policy {head_name!r}")
             else:
                 head = SemanticHead.load(Path(head_dir))
-        return cls(version, cats, image, embedder=embedder, source=str(path), head=head)
+        return cls(version, cats, image, embedder=embedder, source=str(path), head=head, languages=languages)
 
     def image_thresholds(self) -> dict:
         """The policy's "image" section: {"labels": {label: {"category", "review", "block"}}}."""
@@ -529,20 +539,46 @@ class PromptFilter:
             hits.append(_Hit(decision, cat.name, round(s, 4), reason, matched, ci, False, strength))
         return hits, max_sim
 
+    def identify_language(self, prompt: str, resolved: str | None = None) -> LanguageReading:
+        """The prompt's language against the policy's declared ones. A prompt that reads as
+        undeclared is read again after normalisation (homoglyphs, spaced and masked letters confuse
+        the identifier: "p o r n", "hеntаi"); the second reading wins when it is readable by more
+        than its script (normalisation folds look-alike scripts to Latin: Armenian մերկ would
+        otherwise pass as an uncertain Latin text)."""
+        reading = self.language_id.identify(prompt)
+        if reading.unreadable and resolved is not None and resolved != prompt:
+            again = self.language_id.identify(resolved)
+            if again.readable and not again.by_script:
+                return again
+        return reading
+
+    def _language_hit(self, reading: LanguageReading) -> _Hit | None:
+        action = self.languages.undeclared
+        if reading.readable or action == ALLOW:
+            return None
+        reason = self.languages.reason(reading.unreadable, action)
+        matched = f"language: {', '.join(reading.unreadable)} (not declared; fallback {action})"
+        return _Hit(action, UNDECLARED_LANGUAGE, 1.0, reason, matched, len(self.categories), True)
+
     def check(self, prompt: str, negative_prompt: str = "") -> PromptVerdict:
         if not isinstance(prompt, str) or not isinstance(negative_prompt, str):
             raise TypeError("prompt and negative_prompt must be str")
         texts = self.readings(prompt)
+        reading = self.identify_language(prompt, texts[0])
+        language, languages = reading.language, reading.candidates + reading.unreadable
         hits = self._rule_hits(texts)
         hits += self._negative_hits(negative_prompt)
+        fallback = self._language_hit(reading)
+        if fallback is not None:
+            hits.append(fallback)
         max_sim = 0.0
         if not any(h.decision == BLOCK for h in hits) and texts[0].strip():
             sem, max_sim = self._semantic_hits(prompt, texts[0])
             hits += sem
         if not hits:
-            return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version)
+            return PromptVerdict(ALLOW, "", round(max_sim, 4), "The prompt is allowed.", self.version, "", language, languages)
         top = min(hits, key=lambda h: (-_SEVERITY[h.decision], not h.rule, -h.score, -h.strength, h.rank))
-        return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched)
+        return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched, language, languages)
 
 
 # --- process-wide instance -----------------------------------------------------------

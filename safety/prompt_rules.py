@@ -29,7 +29,9 @@ from dataclasses import dataclass
 
 from . import normalize
 
-_WORD_RE = re.compile(r"[^\W_]+")
+# Letters and digits of any script, plus the combining vowel signs of the Indic scripts (which are
+# not alphanumeric: without them महिला would be two words); the dandas (U+0964-5) are punctuation.
+_WORD_RE = re.compile(r"(?:[^\W_]|[\u0900-\u0963\u0966-\u0dff])+")
 _TERM_SEP_RE = re.compile(r"[\s_\-]+")
 ARABIC_PREFIXES = ("وبال", "وال", "بال", "فال", "كال", "لل", "ال", "و", "ف", "ب", "ل", "ك")
 MIN_STEM = 3

@@ -20,6 +20,7 @@ def record_prompt_verdict(job: GenerationJob, result):
         score=result.score,
         reason=result.reason if result.decision != "allow" else matched,
         policy_version=result.policy_version,
+        language=getattr(result, "language", ""),
         notes=matched,
     )
     metrics.count_verdicts([verdict])
