@@ -170,6 +170,16 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+def _commands(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160])
+        except OSError:
+            pass
+    return out
+
+
 def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -201,7 +211,7 @@ def test_nothing_of_the_stack_outlives_a_supervisor_killed_outright(tmp_path, ti
         deadline = time.monotonic() + 15
         while (left := _processes_with(marker)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert left == [], f"{len(left)} of {len(before)} processes outlived the supervisor"
+        assert left == [], f"{len(left)} of {len(before)} processes outlived the supervisor: {_commands(left)}"
     finally:
         for pid in _processes_with(marker):
             try:

@@ -186,3 +186,19 @@ def test_prompt_checks_have_a_pool_of_their_own_in_make_run():
     assert owner[settings.QUEUE_CPU] != owner[settings.QUEUE_CLASSIFY]
     assert owner[settings.QUEUE_CPU] != owner[settings.QUEUE_WEBHOOKS]
     assert owner[settings.QUEUE_CPU] != owner[settings.QUEUE_IO]
+
+
+def test_the_age_of_each_batch_stage_queue_is_a_gauge(alice):
+    """A batch waiting unstarted in classify shows as the classify queue's age at /metrics."""
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from jobs.models import Batch
+
+    Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0, size=1, cap=4,
+                         stage="classify", stage_sent_at=timezone.now() - timedelta(seconds=42))
+    text = Client().get("/metrics").content.decode()
+    line = next(line for line in text.splitlines() if line.startswith('imagegen_stage_queue_age_seconds{stage="classify"}'))
+    assert 41 <= float(line.split()[-1]) < 60, line
