@@ -63,9 +63,9 @@ def main() -> None:
             assert credentials.verify(signed).trusted
             row = {
                 "format": fmt, "side": side,
-                "encode_ms": round(median_ms(lambda: encoding.encode(image, fmt, None, params), a.repeat), 2),
-                "sign_ms": round(median_ms(lambda: credentials.sign(encoded.data, fmt, params), a.repeat), 2),
-                "verify_ms": round(median_ms(lambda: credentials.verify(signed), a.repeat), 2),
+                "encode_ms": round(median_ms(lambda i=image, f=fmt, p=params: encoding.encode(i, f, None, p), a.repeat), 2),
+                "sign_ms": round(median_ms(lambda d=encoded.data, f=fmt, p=params: credentials.sign(d, f, p), a.repeat), 2),
+                "verify_ms": round(median_ms(lambda s=signed: credentials.verify(s), a.repeat), 2),
                 "bytes": len(encoded.data), "bytes_added": len(signed) - len(encoded.data),
             }
             rows.append(row)

@@ -81,7 +81,8 @@ def info(model_dir: Path) -> dict:
 
 
 def decode(net: PreviewNet, latents: torch.Tensor) -> torch.Tensor:
-    """uint8 (n, H, W, 3) pictures from (n, C, h, w) latents."""
+    """uint8 (n, H, W, 3) pictures on the CPU from (n, C, h, w) latents, decoded on the net's device."""
+    device = next(net.parameters()).device
     with torch.inference_mode():
-        rgb = net(latents.detach().to("cpu", torch.float32))
-    return (rgb.clamp(0.0, 1.0) * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+        rgb = net(latents.detach().to(device, torch.float32))
+        return (rgb.clamp(0.0, 1.0) * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).cpu().contiguous()

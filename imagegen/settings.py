@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from imagegen import signing_credentials
 from imagegen.env import (
     env_bool,
     env_caps,
@@ -19,7 +20,6 @@ from imagegen.env import (
     env_str,
     env_weights,
 )
-from imagegen import signing_credentials
 from imagegen.secret_key import installation_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -218,6 +218,8 @@ IMAGEGEN_TRUE_CFG_SCALE = env_float("IMAGEGEN_TRUE_CFG_SCALE", 1.0)
 IMAGEGEN_TEXT_CACHE_SIZE = env_int("IMAGEGEN_TEXT_CACHE_SIZE", 0)
 # Previews decode the model's clean-image estimate (x0) or the noisy latents (latents).
 IMAGEGEN_PREVIEW_SOURCE = env_choice("IMAGEGEN_PREVIEW_SOURCE", "x0", ("x0", "latents"))
+# Previews through the tiny decoder a model ships (preview_decoder.safetensors); off: the linear map.
+IMAGEGEN_PREVIEW_DECODER = env_bool("IMAGEGEN_PREVIEW_DECODER", True)
 # Run each menu shape once at worker start (needed with torch.compile; cheap without).
 IMAGEGEN_WARM_UP = env_bool("IMAGEGEN_WARM_UP", IMAGEGEN_COMPILE)
 # "real" runs the diffusers pipeline; "simulated" sleeps by a cost model (gpu_tasks/simulated.py).

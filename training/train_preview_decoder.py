@@ -56,7 +56,10 @@ def collect(model_path: Path, images: int, batch: int, seed_base: int, threads: 
     model = LoadedModel(model_path, "cpu")
     dataset = ShapesDataset(seed=TRAIN_SEED, p_two=0.25)
     rng = np.random.default_rng(seed_base)
-    x0s, owners, fractions, finals = [], [], [], []
+    x0s: list = []
+    owners: list = []
+    fractions: list = []
+    finals: list[np.ndarray] = []
     started = time.time()
     for start in range(0, images, batch):
         n = min(batch, images - start)
@@ -75,6 +78,7 @@ def collect(model_path: Path, images: int, batch: int, seed_base: int, threads: 
 
         with override_settings(IMAGEGEN_PREVIEW_SOURCE="x0"):
             out = model.generate(rows, 64, 64, steps, guidance, on_step)
+        assert out is not None
         base = len(finals)
         finals.extend(np.asarray(im.convert("RGB"), np.uint8) for im in out)
         for fraction, lat in seen:
@@ -92,8 +96,6 @@ def collect(model_path: Path, images: int, batch: int, seed_base: int, threads: 
 
 def held_out_error(net, data: dict, fractions=(0.5, 1.0)) -> dict[str, float]:
     """Mean |preview - final| (0-255) of the samples at each fraction of the steps."""
-    import torch
-
     from gpu_tasks import preview_net
 
     out = {}
@@ -104,7 +106,6 @@ def held_out_error(net, data: dict, fractions=(0.5, 1.0)) -> dict[str, float]:
         pictures = preview_net.decode(net, data["x0"][pick].float()).float()
         target = data["final"][data["owner"][pick]].float()
         out[f"{int(fraction * 100)}%"] = float((pictures - target).abs().mean())
-    net.train()
     return out
 
 
