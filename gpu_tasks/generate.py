@@ -43,7 +43,7 @@ from gpu_tasks.pipeline import Row, get_model
 from gpu_tasks.previews import PreviewGate
 from imagegen import metrics
 from jobs import actions
-from jobs.media import encoding
+from jobs.media import credentials, encoding
 from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from jobs.pipeline import stages
@@ -359,9 +359,11 @@ class Runner:
             stages.send_next("generate", self.lane, str(batch.id))
 
     def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
-        # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py).
-        encoded = encoding.encode(image, job.output_format, job.output_compression,
-                                  encoding.ImageParameters.of(job, row.seed))
+        # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py) and
+        # its content credentials signed (jobs/media/credentials.py), here on an encoder thread.
+        parameters = encoding.ImageParameters.of(job, row.seed)
+        encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
+        encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
         backoff = settings.IMAGEGEN_UPLOAD_BACKOFF
         while True:
             try:
@@ -379,6 +381,7 @@ class Runner:
         return actions.Written(
             job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width, height=image.height,
             byte_size=stored.byte_size, sha256=stored.sha256, content_type=encoded.content_type,
+            content_sha256=content_sha256,
         )
 
     # --- shutdown -------------------------------------------------------------------------

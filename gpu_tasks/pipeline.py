@@ -64,7 +64,7 @@ class LoadedModel:
         import torch
         from diffusers import AutoPipelineForText2Image
 
-        from gpu_tasks import families, levers
+        from gpu_tasks import families, levers, preview_net
 
         if settings.IMAGEGEN_TORCH_THREADS > 0:
             torch.set_num_threads(settings.IMAGEGEN_TORCH_THREADS)
@@ -83,6 +83,10 @@ class LoadedModel:
         self.text_cache = levers.TextEncoderCache.install(self.pipe, version or settings.IMAGEGEN_MODEL_VERSION,
                                                           settings.IMAGEGEN_TEXT_CACHE_SIZE)
         self.preview_map = self._load_preview_map()
+        # A learned decoder shipped beside the model wins over the linear map (gpu_tasks/preview_net.py).
+        self.preview_net = preview_net.load(self.path, self.family.latent_channels) if settings.IMAGEGEN_PREVIEW_DECODER else None
+        if self.preview_net is not None:
+            self.preview_net.to(device)
         self.load_seconds = time.monotonic() - started
         log.info("loaded %s pipeline %s on %s in %.1fs", self.family.name, self.path, device, self.load_seconds)
 
@@ -216,10 +220,17 @@ class LoadedModel:
     def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
         """Small pictures (at most PREVIEW_MAX_SIDE on the long side) approximating what the rows
         will look like, from the step callback's latents (the model's clean-image estimate when
-        IMAGEGEN_PREVIEW_SOURCE=x0). Not sent as they are: the generate stage passes them
+        IMAGEGEN_PREVIEW_SOURCE=x0), through the model's own learned decoder when it ships one,
+        else the linear map. Not sent as they are: the generate stage passes them
         through the image gate first."""
         if isinstance(latents, _Latents):
             latents = latents.spatial()
+        if self.preview_net is not None:
+            from gpu_tasks.preview_net import decode
+
+            size = preview_size(width, height)
+            pictures = [Image.fromarray(p) for p in decode(self.preview_net, latents[list(row_indices)]).numpy()]
+            return [p if p.size == size else p.resize(size, Image.Resampling.BILINEAR) for p in pictures]
         out = []
         for row_index in row_indices:
             lat = latents[row_index].detach().float().cpu().numpy()  # (C, h, w)

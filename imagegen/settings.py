@@ -6,6 +6,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from imagegen import signing_credentials
 from imagegen.env import (
     env_bool,
     env_caps,
@@ -217,6 +218,8 @@ IMAGEGEN_TRUE_CFG_SCALE = env_float("IMAGEGEN_TRUE_CFG_SCALE", 1.0)
 IMAGEGEN_TEXT_CACHE_SIZE = env_int("IMAGEGEN_TEXT_CACHE_SIZE", 0)
 # Previews decode the model's clean-image estimate (x0) or the noisy latents (latents).
 IMAGEGEN_PREVIEW_SOURCE = env_choice("IMAGEGEN_PREVIEW_SOURCE", "x0", ("x0", "latents"))
+# Previews through the tiny decoder a model ships (preview_decoder.safetensors); off: the linear map.
+IMAGEGEN_PREVIEW_DECODER = env_bool("IMAGEGEN_PREVIEW_DECODER", True)
 # Run each menu shape once at worker start (needed with torch.compile; cheap without).
 IMAGEGEN_WARM_UP = env_bool("IMAGEGEN_WARM_UP", IMAGEGEN_COMPILE)
 # "real" runs the diffusers pipeline; "simulated" sleeps by a cost model (gpu_tasks/simulated.py).
@@ -483,6 +486,24 @@ IMAGEGEN_UPLOAD_BACKOFF = env_float("IMAGEGEN_UPLOAD_BACKOFF", 0.2)  # seconds b
 IMAGEGEN_ENCODE_THREADS = env_int("IMAGEGEN_ENCODE_THREADS", 2)
 IMAGEGEN_HANDOFF_DEPTH = env_int("IMAGEGEN_HANDOFF_DEPTH", 2)
 IMAGEGEN_PNG_COMPRESS_LEVEL = env_int("IMAGEGEN_PNG_COMPRESS_LEVEL", 3)  # zlib 0-9: 3 is half the time of 6 for ~3% more bytes
+# Content credentials (C2PA) in every image file (jobs/media/credentials.py), signed with this PEM key
+# and certificate chain; the embedded default makes its own in VAR_DIR/c2pa on first start
+# (imagegen/signing_credentials.py). Missing, expired or mismatched ones refuse to start.
+IMAGEGEN_C2PA_KEY = env_str("IMAGEGEN_C2PA_KEY", "")
+IMAGEGEN_C2PA_CERT = env_str("IMAGEGEN_C2PA_CERT", "")
+# What `imagegen_cli.py verify` trusts besides the embedded root: a PEM file of root certificates.
+IMAGEGEN_C2PA_TRUST_ANCHORS = env_str("IMAGEGEN_C2PA_TRUST_ANCHORS", "")
+IMAGEGEN_C2PA_TSA_URL = env_str("IMAGEGEN_C2PA_TSA_URL", "")  # an RFC 3161 time-stamp authority, if any
+if EMBEDDED and not (IMAGEGEN_C2PA_KEY or IMAGEGEN_C2PA_CERT):
+    _credentials = signing_credentials.embedded(VAR_DIR)
+    IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT = str(_credentials.key), str(_credentials.chain)
+    IMAGEGEN_C2PA_TRUST_ANCHORS = IMAGEGEN_C2PA_TRUST_ANCHORS or str(_credentials.trust_anchors)
+try:
+    signing_credentials.check(IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT)
+except signing_credentials.CredentialsError as _exc:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"content credentials: {_exc}") from None
 # A denoised image is never dropped for a storage outage: its write to quarantine is retried
 # with backoff up to this many seconds apart, for as long as this worker still holds the job.
 IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF", 10.0)

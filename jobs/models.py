@@ -191,6 +191,9 @@ class GeneratedImage(models.Model):
     height = models.PositiveIntegerField()
     byte_size = models.PositiveIntegerField()
     sha256 = models.CharField(max_length=64)
+    # The sha256 of the file before its content credentials were signed in (jobs/media/credentials.py):
+    # a regeneration reproduces these bytes, not the signature's. Empty for older files (no credentials).
+    content_sha256 = models.CharField(max_length=64, blank=True, default="")
     content_type = models.CharField(max_length=60, default="image/png")
     # public: delivered, served by URL; quarantine: held or blocked, private storage, staff only.
     tier = models.CharField(max_length=16, default="public", db_index=True)

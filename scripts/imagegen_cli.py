@@ -5,11 +5,18 @@
     imagegen_cli.py watch JOB_ID          # follows the job's server-sent events until it ends
     imagegen_cli.py download JOB_ID -o out/   # saves the job's images as PNG files
     imagegen_cli.py get JOB_ID            # the job's JSON
+    imagegen_cli.py verify FILE [--trust ROOTS.pem] [--json]   # the file's content credentials (C2PA)
 
 The server and the API token come from --url / --token, or IMAGEGEN_URL / IMAGEGEN_TOKEN
 (default URL http://127.0.0.1:8000). Get a token with `python manage.py issue_token USER`.
 Exit status: 0 on success; 1 on an HTTP or connection error; for `watch`, 2 when the job ends
-in a status other than done.
+in a status other than done; for `verify`, 2 when the signature is intact but its signer is not
+among the trusted roots, 3 when the file has no manifest or it does not verify.
+
+`verify` needs no server and no token, but c2pa-python (the repository's requirements): it reads
+the manifest with c2pa's reader and checks its signature, its binding to the file's bytes and its
+certificate chain, trusting --trust, IMAGEGEN_C2PA_TRUST_ANCHORS or this checkout's embedded root
+(var/c2pa/root.pem).
 """
 
 from __future__ import annotations
@@ -175,6 +182,34 @@ def cmd_download(client: Client, args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from jobs.media.credentials import verify
+
+    trust = args.trust or os.environ.get("IMAGEGEN_C2PA_TRUST_ANCHORS") or ""
+    embedded_root = Path(__file__).resolve().parent.parent / "var" / "c2pa" / "root.pem"
+    if not trust and embedded_root.exists():
+        trust = str(embedded_root)
+    check = verify(Path(args.file).read_bytes(), trust_anchors=trust or None)
+    report = {"file": args.file, "state": check.state, "verified": check.ok, "trusted": check.trusted,
+              "actions": check.actions, "parameters": check.parameters,
+              "signer": check.manifest.get("signature_info", {}), "failures": check.failures}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{args.file}: {check.state}" + (" (signature intact, signer not trusted)" if check.ok and not check.trusted else ""))
+        signer = report["signer"]
+        if signer:
+            print(f"  signed by {signer.get('common_name')} ({signer.get('issuer')}), {signer.get('alg')}")
+        for action in check.actions:
+            print(f"  {action.get('action')}: {action.get('digitalSourceType', '')} by {action.get('softwareAgent', {}).get('name', '?')}")
+        for key, value in (check.parameters or {}).items():
+            print(f"  {key}: {value}")
+        for failure in check.failures:
+            print(f"  failed: {failure.get('code')}: {failure.get('explanation')}")
+    return 0 if check.trusted else 2 if check.ok else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="imagegen_cli.py", description="imagegen command-line client (native API)")
     parser.add_argument("--url", default=os.environ.get("IMAGEGEN_URL") or DEFAULT_URL, help="server URL (env IMAGEGEN_URL)")
@@ -204,11 +239,19 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("job_id")
     download.add_argument("-o", "--output", default=".", help="folder (default: the current one)")
     download.set_defaults(func=cmd_download)
+
+    verify = sub.add_parser("verify", help="check a file's content credentials (C2PA); no server needed")
+    verify.add_argument("file")
+    verify.add_argument("--trust", help="a PEM file of trusted root certificates (env IMAGEGEN_C2PA_TRUST_ANCHORS)")
+    verify.add_argument("--json", action="store_true", help="the report as JSON")
+    verify.set_defaults(func=None)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "verify":
+        return cmd_verify(args)
     if not args.token:
         print("no API token: pass --token or set IMAGEGEN_TOKEN (python manage.py issue_token USER)", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from django.utils import timezone
 from jobs.models import GeneratedImage, GenerationJob
 from safety.models import SafetyVerdict
 from tests.conftest import admitted_to, forget_cache, wait_for_status, wait_until_cached
+from tests.test_tokens import production_signing_credentials
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,7 +72,8 @@ def test_an_allowed_image_is_served_from_the_cache_to_the_same_gate(workers, ali
 
 def test_production_refuses_to_deliver_unchecked_images_without_a_second_setting(tmp_path):
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "imagegen.settings", "IMAGEGEN_EMBEDDED": "false",
-           "DJANGO_SECRET_KEY": "x" * 50, "IMAGEGEN_IMAGE_CLASSIFIER": "none", "IMAGEGEN_VAR_DIR": str(tmp_path)}
+           "DJANGO_SECRET_KEY": "x" * 50, "IMAGEGEN_IMAGE_CLASSIFIER": "none", "IMAGEGEN_VAR_DIR": str(tmp_path),
+           **production_signing_credentials(tmp_path)}
     refused = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert refused.returncode != 0 and "IMAGEGEN_ALLOW_UNCHECKED_DELIVERY" in refused.stderr
     accepted = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT,

@@ -321,9 +321,12 @@ def test_generate_cold_drop_regenerate_and_delete(generating, alice, bob):
     wait_for_status(regen_id, ("done",), timeout=90)
     back = alice_api.get(f"/api/v1/images/{image.id}")
     assert back.status_code == 200, back.content
-    assert back.json()["sha256"] == image.sha256
+    first_file_sha256 = image.sha256
     image.refresh_from_db()
     assert not image.bytes_dropped and not image.lost and not image.cold
+    # The same bytes under new content credentials (jobs/media/credentials.py: salts and signature differ).
+    assert image.content_sha256 == GeneratedImage.objects.get(job_id=regen_id).content_sha256
+    assert back.json()["sha256"] == image.sha256 != first_file_sha256
     status, body, _ = fetch_public(name, back.json()["url"])
     assert status == 200 and hashlib.sha256(body).hexdigest() == image.sha256
 

@@ -109,12 +109,22 @@ def test_the_private_redis_requires_its_generated_password(tmp_path):
         proc.wait()
 
 
+def production_signing_credentials(folder) -> dict[str, str]:
+    """Production names its own content-credentials key and certificate (imagegen/signing_credentials.py)."""
+    from imagegen.signing_credentials import issue_chain
+
+    (folder / "c2pa-issued").mkdir()
+    creds = issue_chain(folder / "c2pa-issued", valid_days=365, organization="imagegen test")
+    return {"IMAGEGEN_C2PA_KEY": str(creds.key), "IMAGEGEN_C2PA_CERT": str(creds.chain)}
+
+
 def test_check_deploy_passes_with_production_settings(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("IMAGEGEN_", "DJANGO_"))}
     env.update({
         "DJANGO_SETTINGS_MODULE": "imagegen.settings", "IMAGEGEN_EMBEDDED": "false",
         "DJANGO_SECRET_KEY": secrets.token_urlsafe(50), "DJANGO_ALLOWED_HOSTS": "imagegen.example.com",
         "IMAGEGEN_VAR_DIR": str(tmp_path), "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}",
+        **production_signing_credentials(tmp_path),
     })
     out = subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"], cwd=ROOT, env=env,
                          capture_output=True, text=True)

@@ -35,6 +35,7 @@ class Written:
     byte_size: int
     sha256: str
     content_type: str
+    content_sha256: str = ""  # the file before its content credentials (jobs/media/credentials.py)
 
 
 def held_jobs(batch_id, attempts: dict[str, int]) -> set[str]:
@@ -58,7 +59,7 @@ def hand_off(batch_id, attempts: dict[str, int], written: list[Written]) -> tupl
             GeneratedImage(
                 job_id=w.job_id, batch_id=batch_id, index=w.index, seed=w.seed, storage_key=w.key, width=w.width,
                 height=w.height, byte_size=w.byte_size, sha256=w.sha256, content_type=w.content_type,
-                tier="quarantine",
+                content_sha256=w.content_sha256, tier="quarantine",
             )
             for w in keep
         ])

@@ -97,14 +97,17 @@ def mark_bytes_dropped(key: str) -> None:
 
 
 def settle_regeneration(original: GeneratedImage, made: GeneratedImage) -> bool:
-    """Every row that shared a dropped object: restored from a regeneration that came out byte
-    for byte the same (True), or lost for good when it did not (False)."""
+    """Every row that shared a dropped object: restored from a regeneration whose pixels and
+    metadata came out byte for byte the same under their content credentials (True), or lost
+    for good when they did not (False)."""
     with transaction.atomic():
         same = GeneratedImage.objects.select_for_update().filter(
             storage_key=original.storage_key, sha256=original.sha256, bytes_dropped=True, lost=False
         )
-        if made.sha256 == original.sha256:
-            same.update(storage_key=made.storage_key, byte_size=made.byte_size, bytes_dropped=False, cold=False)
+        # The bytes under the content credentials (their salts and signature differ each time).
+        if (made.content_sha256 or made.sha256) == (original.content_sha256 or original.sha256):
+            same.update(storage_key=made.storage_key, byte_size=made.byte_size, sha256=made.sha256,
+                        content_sha256=made.content_sha256, bytes_dropped=False, cold=False)
             return True
         same.update(lost=True)
         return False

@@ -64,7 +64,7 @@ def attach_cached(job: GenerationJob, cached: dict) -> None:
             GeneratedImage(
                 job=job, index=index, seed=job.seed + index, storage_key=src.storage_key, width=src.width,
                 height=src.height, byte_size=src.byte_size, sha256=src.sha256, content_type=src.content_type,
-                source_key=src.source_key, tier="public",
+                source_key=src.source_key, content_sha256=src.content_sha256, tier="public",
             )
             for index, src in cached.items()
         ]

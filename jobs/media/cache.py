@@ -142,7 +142,7 @@ def in_format(job, cached: dict[int, object]) -> dict[int, object]:
     encoded again with this job's parameters, written to quarantine and published (its pixels
     were judged already: they are the cached image's). The copy names its source (source_key),
     so a moderator's take-down of either reaches both. Same format: shared as it is."""
-    from jobs.media import encoding
+    from jobs.media import credentials, encoding
     from jobs.media.storage import public_storage, publish_object, store_quarantined
 
     out: dict[int, object] = {}
@@ -155,11 +155,12 @@ def in_format(job, cached: dict[int, object]) -> dict[int, object]:
             data = fh.read()
         parameters = encoding.ImageParameters.of(job, int(job.seed) + index)
         encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
+        encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
         stored = store_quarantined(encoded.data, encoded.extension)
         publish_object(stored.key)
         converted = copy.copy(image)
         converted.storage_key, converted.byte_size, converted.sha256 = stored.key, stored.byte_size, stored.sha256  # type: ignore[attr-defined]
-        converted.content_type = encoded.content_type  # type: ignore[attr-defined]
+        converted.content_type, converted.content_sha256 = encoded.content_type, content_sha256  # type: ignore[attr-defined]
         converted.source_key = image.source_key or key  # type: ignore[attr-defined]
         out[index] = converted
     return out

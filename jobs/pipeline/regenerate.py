@@ -6,7 +6,7 @@ on a dropped image submits an ordinary job with the same inputs and the image's 
 (count 1) through ``jobs.pipeline.submit.submit_job`` (prompt gate, admission, GPU batch and image gate
 all apply again; the request-hash cache misses because the bytes are gone) and answers 202 with
 that job. Each later GET polls it; once it is done, ``complete_regeneration`` compares the new
-image's sha256 with the stored one:
+image's bytes under its content credentials (``content_sha256``; sha256 for older files) with the stored one's:
 
 - equal: the original row (and every dropped row that shared its object) is re-pointed at the
   new object, ``bytes_dropped=False``; the GET answers 200 with the image;
