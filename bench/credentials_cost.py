@@ -46,8 +46,7 @@ def main() -> None:
     import numpy as np
     from PIL import Image
 
-    from jobs.media import credentials
-    from jobs.media import encoding
+    from jobs.media import credentials, encoding
 
     rows = []
     for side in a.sizes:

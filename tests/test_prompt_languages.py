@@ -185,7 +185,7 @@ def test_the_prompt_stage_records_the_language_and_metrics_count_it(alice, redis
     from django.test import Client
 
     from jobs.models import GenerationJob
-    from jobs.prompt_gate import gate_prompt
+    from jobs.pipeline.prompt_gate import gate_prompt
     from safety import prompt_filter
 
     monkeypatch.setenv("IMAGEGEN_SAFETY_EMBEDDINGS", "0")
