@@ -196,7 +196,7 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
     classify queue) and the job is delivered once."""
 
     from imagegen import metrics
-    from jobs.models import GeneratedImage
+    from jobs.models import Batch, GeneratedImage
 
     def reruns() -> float:
         return metrics.read_counters().get("imagegen_stage_reruns_total", {}).get('{"stage": "classify"}', 0.0)
@@ -211,8 +211,9 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
         job_id = submit(alice_api, "a blue circle", count=2, seed=31)
         batch = wait_for_batch_stage(job_id, "classify")
         deadline = time.monotonic() + 30
-        while b"classify_batch" not in victim.log_path.read_bytes():  # it has the task, and hangs in the gate
-            assert time.monotonic() < deadline, "the classify worker never got the batch"
+        while not Batch.objects.filter(id=batch.id, stage="classify", stage_started_at__isnull=False).exists():
+            # the victim started the stage (holds its lease), and hangs in the gate
+            assert time.monotonic() < deadline, "the classify worker never started the batch"
             time.sleep(0.05)
         victim.kill()
         classifier_mode(None)

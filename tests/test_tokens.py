@@ -85,7 +85,7 @@ def test_the_embedded_secret_key_is_generated_per_installation_and_kept_in_the_v
     other = _secret_key(tmp_path / "b")
     assert other != first  # per installation
     assert len(first) >= 50 and "insecure" not in first
-    files = [p for p in (tmp_path / "a").iterdir() if p.read_text().strip() == first]
+    files = [p for p in (tmp_path / "a").iterdir() if p.is_file() and p.read_text().strip() == first]
     assert files and oct(files[0].stat().st_mode & 0o777) == "0o600", files
 
 
