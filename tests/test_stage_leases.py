@@ -14,28 +14,10 @@ import pytest
 from django.conf import settings
 
 from tests.conftest import admitted_to, wait_for_status
+from tests.test_pipeline_stages import submit, wait_for_batch_stage
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def submit(api, prompt: str, **extra) -> str:
-    body = {"prompt": prompt, "width": 64, "height": 64, "steps": 4, "seed": 5, **extra}
-    response = api.post("/api/v1/jobs", body, format="json")
-    assert response.status_code == 202, response.content
-    return response.json()["id"]
-
-
-def wait_for_batch_stage(job_id, stage: str, timeout: float = 60.0):
-    from jobs.models import GenerationJob
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = GenerationJob.objects.select_related("batch").get(id=job_id)
-        if job.batch is not None and job.batch.stage == stage:
-            return job.batch
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id}'s batch never reached {stage}")
 
 
 def test_a_classify_stage_slower_than_the_lease_behind_a_backlog_delivers_every_job(
