@@ -71,6 +71,25 @@ def test_tokens_are_stored_hashed_shown_once_and_work_on_every_route():
     assert second not in every_stored_value()
 
 
+def test_the_event_streams_accept_exactly_the_tokens_the_api_accepts():
+    """Websocket and SSE authenticate with the API's own token class: a good token connects; a
+    forged one, a deactivated user's or a malformed header does not, on either transport."""
+    from django.contrib.auth import get_user_model
+
+    token = issue("fran")
+    fran = get_user_model().objects.get(username="fran")
+    job = make_job(fran, status="running")
+    header = f"Token {token}"
+    assert asyncio.run(_connects(job.id, ORIGIN, (b"authorization", header.encode())))
+    for bad in (f"Token {token[:-4]}abcd", f"Token {token} extra", "Token"):
+        assert not asyncio.run(_connects(job.id, ORIGIN, (b"authorization", bad.encode()))), bad
+        assert APIClient().get(f"/api/v1/jobs/{job.id}/events", HTTP_AUTHORIZATION=bad).status_code in (401, 403, 404), bad
+    fran.is_active = False
+    fran.save(update_fields=["is_active"])
+    assert not asyncio.run(_connects(job.id, ORIGIN, (b"authorization", header.encode())))
+    assert APIClient().get(f"/api/v1/jobs/{job.id}", HTTP_AUTHORIZATION=header).status_code == 401
+
+
 def _secret_key(var: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SECRET_KEY",)}
     env.update({"IMAGEGEN_VAR_DIR": str(var), "DJANGO_SETTINGS_MODULE": "imagegen.settings"})

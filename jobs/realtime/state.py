@@ -7,6 +7,7 @@ import contextvars
 import logging
 import time
 import weakref
+from types import SimpleNamespace
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -35,12 +36,17 @@ log = logging.getLogger(__name__)
 
 
 def _token_user(header: str):
-    from jobs.access.tokens import user_for_token
+    """The user an `Authorization` header names, by the API's own token authentication class
+    (the same parsing, lookup and checks as every REST request); None for anything else."""
+    from rest_framework import exceptions
 
-    parts = header.split()
-    if len(parts) != 2 or parts[0].lower() != "token":
+    from jobs.access.tokens import HashedTokenAuthentication
+
+    try:
+        result = HashedTokenAuthentication().authenticate(SimpleNamespace(headers={"authorization": header}))
+    except exceptions.AuthenticationFailed:
         return None
-    return user_for_token(parts[1])
+    return result[0] if result else None
 
 
 @database_sync_to_async
