@@ -530,10 +530,11 @@ def s3_storages(
     from botocore.config import Config
 
     def config():
-        # botocore retries a little itself; jobs.media.storage.store_bytes adds the bounded backoff.
+        # botocore retries a little itself (adaptive: it also slows down when the store throttles);
+        # jobs.media.storage._retrying adds the one bounded backoff on top.
         return Config(
             s3={"addressing_style": addressing_style},
-            retries={"max_attempts": 2, "mode": "standard"},
+            retries={"max_attempts": 2, "mode": "adaptive"},
             connect_timeout=5,
             read_timeout=30,
         )

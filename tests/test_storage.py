@@ -423,3 +423,27 @@ def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeyp
     with override_settings(IMAGEGEN_CDN_PURGE_HOOK="jobs.media.cdn:http_purge"):
         cdn.purge([f"{base}/i/c.png"])  # the server is gone: no exception, a retry is queued
     assert queued == [[[f"{base}/i/c.png"]]]
+
+
+def test_a_failing_purge_is_retried_by_celery_with_backoff_and_a_bound(monkeypatch):
+    """retry_purge leaves the backoff to Celery (autoretry_for, retry_backoff, jitter): a hook that
+    fails twice then works is called three times and succeeds; one that always fails is tried
+    max_retries + 1 times, then the task fails (logged, not lost silently)."""
+    from jobs.media import cdn
+
+    calls = []
+
+    def flaky(urls):
+        calls.append(urls)
+        if len(calls) < 3:
+            raise ConnectionError("the CDN's API is away")
+
+    monkeypatch.setattr(cdn, "_hook", lambda: flaky)
+    assert cdn.retry_purge.apply(args=[["https://cdn.example/i/a.png"]]).state == "SUCCESS"
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(cdn, "_hook", lambda: (lambda urls: (calls.append(urls), 1 / 0)))
+    result = cdn.retry_purge.apply(args=[["https://cdn.example/i/b.png"]])
+    assert result.state == "FAILURE" and isinstance(result.result, cdn.PurgeFailed)
+    assert len(calls) == cdn.retry_purge.max_retries + 1
+    assert cdn.retry_purge.retry_backoff == 30 and cdn.retry_purge.retry_jitter

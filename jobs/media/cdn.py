@@ -86,9 +86,15 @@ def purge(urls: list[str]) -> None:
             log.exception("could not queue the cdn purge retry: %s", urls)
 
 
-@shared_task(name="jobs.media.cdn.retry_purge", bind=True, max_retries=8, default_retry_delay=30)
-def retry_purge(self, urls: list[str]) -> None:
+class PurgeFailed(Exception):
+    """The purge hook raised: Celery retries the purge (autoretry_for), backing off."""
+
+
+@shared_task(name="jobs.media.cdn.retry_purge", autoretry_for=(PurgeFailed,), retry_backoff=30, retry_backoff_max=3600,
+             retry_jitter=True, max_retries=8)
+def retry_purge(urls: list[str]) -> None:
+    """A purge that failed, again: 30 s, doubling up to an hour apart, 8 times (about 4 hours)."""
     try:
         _hook()(list(urls))
-    except Exception as exc:
-        raise self.retry(exc=exc, countdown=min(3600, 30 * 2**self.request.retries)) from exc
+    except Exception as exc:  # any error of a pluggable hook: retried by Celery, never lost silently
+        raise PurgeFailed(f"{type(exc).__name__}: {exc}") from exc
