@@ -117,7 +117,7 @@ def first_version_eta(body: dict) -> float | None:
     from django.conf import settings
 
     from imagegen.redis_client import get_redis
-    from jobs.admission.control import active_gpus
+    from jobs.admission.replay import active_gpus
     from jobs.models import GenerationJob
     from scheduling import scheduler
     from scheduling.costs import COST_KEY, seconds_per_image

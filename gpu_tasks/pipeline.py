@@ -11,13 +11,13 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from django.conf import settings
 from PIL import Image
+
+from gpu_tasks.rows import PREVIEW_MAX_SIDE, Row, StepCallback, preview_size  # noqa: F401  (callers import them from here too)
 
 log = logging.getLogger(__name__)
 
@@ -33,26 +33,6 @@ _DEFAULT_PREVIEW = {
     "range": "minus_one_one",
 }
 
-PREVIEW_MAX_SIDE = 128
-
-
-@dataclass(frozen=True)
-class Row:
-    """One image to make: which job and index it belongs to, and its inputs."""
-
-    job_id: str
-    index: int
-    prompt: str
-    negative_prompt: str
-    seed: int
-
-
-def preview_size(width: int, height: int) -> tuple[int, int]:
-    scale = min(PREVIEW_MAX_SIDE, max(width, height)) / max(width, height)
-    return max(1, round(width * scale)), max(1, round(height * scale))
-
-
-StepCallback = Callable[[int, int, "object"], bool]  # (step, total, latents) -> stop?
 
 
 class _Stopped(Exception):

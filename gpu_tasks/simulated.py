@@ -27,7 +27,7 @@ import numpy as np
 from django.conf import settings
 from PIL import Image
 
-from gpu_tasks.pipeline import Row, StepCallback, preview_size
+from gpu_tasks.rows import Row, StepCallback, preview_size
 
 NOISE_AMPLITUDE = 7  # +-levels of per-pixel noise: about 12 bits a pixel after PNG, as photos
 _noise_lock = threading.Lock()

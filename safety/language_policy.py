@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .policy_base import LANGUAGES, PolicyError
+
 ACTIONS = ("review", "block", "allow")
 
 # Names for reasons (py3langid's codes; ISO 639-1 where there is one).
@@ -75,8 +77,6 @@ class LanguagePolicy:
 
 def parse_languages(data: dict, categories, source: str = "<policy>") -> LanguagePolicy:
     """Validate the ``languages`` section (see the module docstring); PolicyError on a problem."""
-    from .prompt_filter import LANGUAGES, PolicyError
-
     with_words = {"en"}
     for c in categories:
         with_words.update(lang for lang, terms in c.translations.items() if terms)

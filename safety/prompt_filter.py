@@ -45,6 +45,7 @@ from . import normalize
 from .language import LanguageID, LanguageReading
 from .language_policy import LanguagePolicy, parse_languages
 from .lexicon import Lexicon
+from .policy_base import LANGUAGES, PolicyError  # noqa: F401  (PolicyError: callers import it from here)
 from .prompt_rules import TermError, TermMatcher
 from .prompt_semantic import (  # noqa: F401  (HeadError: re-exported)
     DEFAULT_HEAD_NAME,
@@ -68,10 +69,6 @@ READINGS_CACHE_SIZE = 1024  # prompts
 EMBEDDING_CACHE_SIZE = 4096  # clauses (384 floats each: ~6 MB)
 
 
-class PolicyError(ValueError):
-    """The policy file is missing or malformed. Callers must treat it as "not allowed"."""
-
-
 @dataclass(frozen=True)
 class PromptVerdict:
     decision: str  # "allow" | "review" | "block"
@@ -89,12 +86,6 @@ class PromptVerdict:
 
 
 # --- policy model --------------------------------------------------------------------
-# Languages the policy may give translations for (ISO 639-1); others are a PolicyError, so a
-# typo cannot silently create an unused list.
-LANGUAGES = {
-    "ar", "bg", "cs", "da", "de", "el", "en", "es", "fa", "fi", "fr", "he", "hi", "hu", "id", "it",
-    "ja", "ko", "nl", "no", "pl", "pt", "ro", "ru", "sv", "th", "tr", "uk", "vi", "zh",
-}
 
 
 @dataclass

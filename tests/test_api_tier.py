@@ -17,7 +17,7 @@ from rest_framework import serializers as drf_serializers
 from rest_framework.renderers import JSONRenderer
 
 from imagegen.redis_client import PREFIX
-from jobs.admission import control as admission
+from jobs.admission import replay
 from jobs.admission import summary as queue_summary
 from jobs.models import GeneratedImage, GenerationJob
 from jobs.representation import JobSerializer
@@ -85,7 +85,7 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
     random_workload(summary_lane, rng)
     for shape in SHAPES:
         for images in (1, 2):
-            replayed = admission.estimate(shape, images, model_name=MODEL)
+            replayed = replay.estimate(shape, images, model_name=MODEL)
             summarised = queue_summary.new_job_estimate(shape, images, model_name=MODEL)
             # A forecast arrival (at the rate measured, read a moment later by the second replay)
             # may take a fair-share round's room before the new job: then it moves by one pass of
@@ -101,7 +101,7 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
         places = [p for p, _ in summary["samples"]]
         assert places[0] == 0 and places[-1] == len(bucket) - 1
         for index, (job_id, count, enqueued_at) in enumerate(bucket):
-            replayed = admission.estimate(shape, count, enqueued_at=enqueued_at, model_name=MODEL, job_id=job_id)
+            replayed = replay.estimate(shape, count, enqueued_at=enqueued_at, model_name=MODEL, job_id=job_id)
             summarised = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL, job_id=job_id)
             assert summarised.position == replayed.position  # exact: counted in Redis
             # Nothing runs in this lane, so a fresh replay starts its idle GPUs at its own "now":

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from imagegen.redis_client import get_redis
-from jobs.admission.control import replay
+from jobs.admission.replay import replay
 from scheduling import policy, scheduler
 from scheduling.costs import COST_KEY, OVERHEAD_FIELD, pass_seconds, record_batch_cost
 

@@ -1,4 +1,4 @@
-"""The wait-estimate summary: what jobs.admission.control.estimate() answers, computed once per interval
+"""The wait-estimate summary: what jobs.admission.replay.estimate() answers, computed once per interval
 and kept in Redis, so that a submit or a poll costs the same with 10 or 10,000 images queued.
 
 estimate() replays the scheduler over the whole backlog (jobs/admission/control.py): exact, but its
@@ -48,7 +48,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from imagegen.redis_client import PREFIX, get_redis
-from jobs.admission import control as admission
+from jobs.admission import replay as admission
 from scheduling import catalogue, scheduler
 from scheduling import costs as cost_model
 from scheduling.lanes import lane_of, lane_of_shape

@@ -8,6 +8,7 @@ import logging
 import time
 import weakref
 from types import SimpleNamespace
+from typing import cast
 
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
@@ -39,11 +40,13 @@ def _token_user(header: str):
     """The user an `Authorization` header names, by the API's own token authentication class
     (the same parsing, lookup and checks as every REST request); None for anything else."""
     from rest_framework import exceptions
+    from rest_framework.request import Request
 
     from jobs.access.tokens import HashedTokenAuthentication
 
     try:
-        result = HashedTokenAuthentication().authenticate(SimpleNamespace(headers={"authorization": header}))
+        # DRF's authentication reads only request.headers: the header is all it needs.
+        result = HashedTokenAuthentication().authenticate(cast(Request, SimpleNamespace(headers={"authorization": header})))
     except exceptions.AuthenticationFailed:
         return None
     return result[0] if result else None
