@@ -15,7 +15,7 @@ pytest.importorskip("diffusers")
 from training import train  # noqa: E402
 
 TOY = ["--pool", "48", "--vae-batch", "4", "--vae-channels", "8", "16", "16", "--vae-ckpt-every", "2",
-       "--vae-edge-weight", "1.0", "--batch", "4", "--unet-channels", "16", "16", "32", "--te-hidden", "32",
+       "--vae-edge-weight", "1.0", "--vae-crop", "32", "--batch", "4", "--unet-channels", "16", "16", "32", "--te-hidden", "32",
        "--te-layers", "1", "--ckpt-every", "2", "--warmup", "2", "--min-snr", "5", "--fp32"]
 
 

@@ -170,6 +170,17 @@ class Pool:
         self.imgs, _, self.gts = ds.arrays(range(n))
         log(f"generated pool of {n} samples in {time.time() - t:.1f}s")
 
+    def crops(self, idx, size: int, rng: np.random.Generator, jitter: float = 10.0) -> np.ndarray:
+        """size x size windows (a multiple of 4), each near one of its image's shapes."""
+        out = []
+        n = self.imgs.shape[1]
+        for i in idx:
+            sh = self.gts[i].shapes[int(rng.integers(len(self.gts[i].shapes)))]
+            ox, oy = (int(np.clip(c - size / 2 + rng.uniform(-jitter, jitter), 0, n - size)) // 4 * 4
+                      for c in (sh.cx, sh.cy))
+            out.append(self.imgs[i, oy:oy + size, ox:ox + size])
+        return np.stack(out)
+
     def captions(self, idx, rng: np.random.Generator, p_no_size=0.3, p_drop=0.1) -> list[str]:
         caps = []
         for i in idx:
@@ -194,12 +205,15 @@ def _image_grads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weight: float,
               vae_noise: float = 0.1, edge_weight: float = 0.0, init_from: str | None = None,
               channels=(16, 32, 64), layers_per_block: int = 1, state: Path | None = None,
-              resume: bool = False, ckpt_every: int = 100):
+              resume: bool = False, ckpt_every: int = 100, crop: int = 0):
     """Train (or, with init_from, fine-tune) the autoencoder; resumable through ``state``.
 
     edge_weight > 0 adds L1 on pixels and on horizontal/vertical image differences: plain MSE is
     dominated by the flat areas, and the v1 VAE (MSE only, 400 steps) rounded a star's points
     off (bench/geometry.py: 31% of its round-tripped ground-truth stars still look like stars).
+    crop > 0 trains on crop x crop windows around a shape (the autoencoder is convolutional, so
+    it then runs on whole images): a quarter of the pixels per sample for crop 32, so four
+    times the samples, all of them edges and corners rather than flat background.
     """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -235,7 +249,7 @@ def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weigh
     t0 = time.time()
     for step in range(start, steps):
         idx = rng.integers(len(pool.imgs), size=batch)
-        x = to_tensor(pool.imgs[idx])
+        x = to_tensor(pool.crops(idx, crop, rng) if crop else pool.imgs[idx])
         post = vae.encode(x).latent_dist
         # deterministic-ish autoencoder: decode the posterior mean plus a small fixed noise so the
         # decoder tolerates imperfect diffusion outputs; L2 (the KL mean term) keeps latents bounded.
@@ -450,6 +464,7 @@ def main(argv=None):
     p.add_argument("--vae-layers", type=int, default=1)
     p.add_argument("--vae-init", default=None, help="fine-tune the VAE of an existing pipeline dir (else from scratch)")
     p.add_argument("--vae-ckpt-every", type=int, default=100)
+    p.add_argument("--vae-crop", type=int, default=0, help="train the VAE on windows of this side around shapes (0: whole images)")
     p.add_argument("--vae-from", default=None, help="reuse the VAE of an existing pipeline dir (no VAE training)")
     p.add_argument("--steps", type=int, default=2800, help="UNet steps")
     p.add_argument("--batch", type=int, default=64)
@@ -495,7 +510,8 @@ def _run(args):
         vae = train_vae(pool, args.vae_steps, args.vae_batch, args.vae_lr, args.seed, args.kl_weight,
                         vae_noise=args.vae_noise, edge_weight=args.vae_edge_weight, init_from=args.vae_init,
                         channels=args.vae_channels, layers_per_block=args.vae_layers,
-                        state=vae_state_path(args.state), resume=args.resume, ckpt_every=args.vae_ckpt_every)
+                        state=vae_state_path(args.state), resume=args.resume, ckpt_every=args.vae_ckpt_every,
+                        crop=args.vae_crop)
         lat_mean, lat_std = encode_pool(vae, pool)
         z = lat_mean
         sf = float(1.0 / z.std())
