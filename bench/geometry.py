@@ -174,6 +174,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=500)
     p.add_argument("--vae", nargs="*", default=[], help="pipeline dirs whose VAE round trip to judge too")
+    p.add_argument("--vae-state", default=None,
+                   help="a training run's VAE state (<state>.vae.pt of training/train.py) to judge as well; "
+                        "default architecture unless --vae-channels")
+    p.add_argument("--vae-channels", type=int, nargs=3, default=[16, 32, 64])
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "geometry_validation.json"))
     args = p.parse_args(argv)
     items = ground_truth_items(args.n)
@@ -189,6 +193,17 @@ def main(argv=None):
             vae = AutoencoderKL.from_pretrained(d, subfolder="vae").eval().float()
             res[f"vae_round_trip:{d}"] = validate(gts, vae_round_trip(vae, images))
             print(json.dumps({d: res[f"vae_round_trip:{d}"]}), flush=True)
+    if args.vae_state:
+        import torch
+
+        from training.train import make_vae
+
+        st = torch.load(args.vae_state, weights_only=False)
+        vae = make_vae(args.vae_channels)
+        vae.load_state_dict(st["vae"])
+        key = f"vae_state:{args.vae_state}@{st['step']}"
+        res[key] = validate(gts, vae_round_trip(vae.eval(), images))
+        print(json.dumps({key: res[key]}), flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
 
