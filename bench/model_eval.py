@@ -9,7 +9,9 @@ Judging by pixel statistics, with the named palette of training/shapes_data.py:
   * shape colour = the most frequent nearest-palette colour among the non-background pixels
     (at least MIN_SHAPE_PIXELS of them, else "none");
   * shape kind = argmax of the shipped shapes classifier (models/shapes-classifier-v1), which is
-    trained only on the generator's own ground truth (plus VAE round trips), not on generations.
+    trained only on the generator's own ground truth (plus VAE round trips), not on generations;
+    and, independently, by the geometric judge of bench/geometry.py (the foreground mask's fit to
+    each kind's ideal outline, and its solidity: a blob is no star).
 Bars (issue 8): shape colour AND background colour correct in >= 85% of images; kind >= 70%.
 Writes bench/results/model_eval.json and bench/results/contact_sheet.png (first 16 samples).
 
@@ -21,7 +23,14 @@ generates the teacher (models/shapes-v1) at 20/10/4 steps and the student (model
 at 1/2/4/8 steps, judges colours as above and kinds with both shipped classifiers (v1, the bar's,
 and v2, the served gate's), times each setting (seconds per image, batches of --batch, --threads),
 and writes bench/results/model_eval_student.json. Goal: the student at 4 steps within 5 points of
-the teacher at 20 on every accuracy figure.
+the teacher at 20 on every accuracy figure. Kinds are judged by the geometric check too
+(bench/geometry.py), and a per-kind table follows (v1 / v2 / geometry). Any models instead:
+
+    python bench/model_eval.py --compare --row shapes-v1=models/shapes-v1:20 \
+        --row shapes-v1-lcm=models/shapes-v1-lcm:1,4 --results model_eval_geometry.json
+
+Issue 34's goal, per row (kinds_goal_met): every kind >= 90% by shapes-classifier-v1 and by the
+geometric judge, shape and background colour >= 98%.
 """
 from __future__ import annotations
 
@@ -34,12 +43,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import geometry  # noqa: E402  (bench/geometry.py)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image, ImageDraw, ImageFont  # noqa: E402
 
-from training.shapes_data import COLOUR_NAMES, COLOURS, caption_for, random_gt  # noqa: E402
+from training.shapes_data import COLOUR_NAMES, COLOURS, SHAPES, caption_for, random_gt  # noqa: E402
 
 EVAL_SEED = 20261130
 MIN_SHAPE_PIXELS = 12
@@ -111,7 +122,8 @@ def generate(pipe, items, steps: int, guidance: float, batch: int) -> tuple[list
 
 
 def figures(items, images, classifiers: dict) -> dict:
-    """Colour, background and (per classifier) kind accuracy of ``images`` against ``items``."""
+    """Colour, background and kind accuracy of ``images`` against ``items``: kinds by each
+    classifier and by the geometric judge (bench/geometry.py), overall and per kind."""
     judged = [judge_colours(np.asarray(im.convert("RGB"))) for im in images]
     res = {
         "shape_colour_accuracy": float(np.mean([fg == gt.shapes[0].colour for (_, gt), (fg, _) in
@@ -119,11 +131,29 @@ def figures(items, images, classifiers: dict) -> dict:
         "background_colour_accuracy": float(np.mean([bg == gt.background for (_, gt), (_, bg) in
                                                      zip(items, judged, strict=True)])),
     }
-    for name, clf in classifiers.items():
-        kinds = [max(sc, key=sc.get) for sc in clf.scores(images)]
-        res[f"shape_kind_accuracy_{name}"] = float(np.mean([k == gt.shapes[0].kind for (_, gt), k in
-                                                            zip(items, kinds, strict=True)]))
-    return {k: round(v, 4) for k, v in res.items()}
+    kinds_by = {name: [max(sc, key=sc.get) for sc in clf.scores(images)] for name, clf in classifiers.items()}
+    kinds_by["geometry"] = geometry.judge_kinds(images)
+    want = [gt.shapes[0].kind for _, gt in items]
+    per_kind = {}
+    for name, kinds in kinds_by.items():
+        ok = np.array([k == w for k, w in zip(kinds, want, strict=True)])
+        res[f"shape_kind_accuracy_{name}"] = float(ok.mean())
+        per_kind[name] = {k: round(float(ok[[w == k for w in want]].mean()), 4) for k in SHAPES if k in want}
+    out: dict = {k: round(v, 4) for k, v in res.items()}
+    out["per_kind"] = per_kind
+    return out
+
+
+def row_specs(args) -> list[tuple[str, str, list[int]]]:
+    """(name, path, steps) per model: --row NAME=PATH:S1,S2 ... or the teacher and student."""
+    if not args.row:
+        return [("teacher", args.model, args.teacher_steps), ("student", args.student, args.student_steps)]
+    specs = []
+    for spec in args.row:
+        name, rest = spec.split("=", 1)
+        path, steps = rest.rsplit(":", 1)
+        specs.append((name, path, [int(x) for x in steps.split(",")]))
+    return specs
 
 
 def compare(args, argv) -> dict:
@@ -135,8 +165,7 @@ def compare(args, argv) -> dict:
                    "v2": ShapesClassifier.from_pretrained(ROOT / "models" / "shapes-classifier-v2")}
     items = eval_captions(args.n)
     rows = []
-    for role, path, steps_list in (("teacher", args.model, args.teacher_steps),
-                                   ("student", args.student, args.student_steps)):
+    for role, path, steps_list in row_specs(args):
         pipe = AutoPipelineForText2Image.from_pretrained(path, local_files_only=True)
         pipe.set_progress_bar_config(disable=True)
         generate(pipe, items[:2], 2, args.guidance, args.batch)          # warm-up, not timed
@@ -146,10 +175,13 @@ def compare(args, argv) -> dict:
                    **figures(items, images, classifiers), "s_per_image": round(wall / len(items), 4)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    ref = next(r for r in rows if r["model"] == "teacher" and r["steps"] == 20) if 20 in args.teacher_steps else None
+    for r in rows:   # issue 34: every kind >= 90% by both independent judges, colours >= 98%
+        r["kinds_goal_met"] = bool(min(r["per_kind"]["v1"].values()) >= 0.9 and min(r["per_kind"]["geometry"].values()) >= 0.9
+                                   and r["shape_colour_accuracy"] >= 0.98 and r["background_colour_accuracy"] >= 0.98)
+    ref = next((r for r in rows if r["model"] == "teacher" and r["steps"] == 20), None)
+    s4 = next((r for r in rows if r["model"] == "student" and r["steps"] == 4), None)
     goal = None
-    if ref is not None and 4 in args.student_steps:
-        s4 = next(r for r in rows if r["model"] == "student" and r["steps"] == 4)
+    if ref is not None and s4 is not None:
         keys = [k for k in s4 if k.endswith("_accuracy") or "_accuracy_" in k]
         gaps = {k: round(100 * (s4[k] - ref[k]), 1) for k in keys}
         goal = {"rule": "student@4 within 5 points of teacher@20 on every accuracy figure",
@@ -159,8 +191,9 @@ def compare(args, argv) -> dict:
             "n_captions": len(items), "captions": f"single-shape, held-out generator seed {EVAL_SEED} (training seed 1234)",
             "seeds": "per caption EVAL_SEED + index, the same for every row", "guidance_scale": args.guidance,
             "size": "64x64", "batch": args.batch, "threads": args.threads,
-            "kind_classifiers": {"v1": "models/shapes-classifier-v1 (the eval bar's)",
-                                 "v2": "models/shapes-classifier-v2 (the served image gate's)"},
+            "kind_judges": {"v1": "models/shapes-classifier-v1 (the eval bar's)",
+                            "v2": "models/shapes-classifier-v2 (the served image gate's)",
+                            "geometry": f"bench/geometry.py (template IoU >= {geometry.MIN_IOU}, solidity)"},
             "rows": rows, "goal": goal}
 
 
@@ -170,6 +203,12 @@ def print_table(res: dict) -> None:
     print(" | ".join(head))
     for r in res["rows"]:
         print(" | ".join([r["model"], str(r["steps"])] + [f"{100 * r[c]:.1f}%" for c in cols] + [f"{r['s_per_image']:.3f}"]))
+    judges = list(res["rows"][0]["per_kind"])
+    print("\nper kind (" + " / ".join(judges) + ")")
+    print(" | ".join(["model", "steps"] + SHAPES))
+    for r in res["rows"]:
+        cells = [" / ".join(f"{100 * r['per_kind'][j].get(k, float('nan')):.0f}" for j in judges) for k in SHAPES]
+        print(" | ".join([r["model"], str(r["steps"])] + cells))
     if res["goal"]:
         print(json.dumps(res["goal"]))
 
@@ -188,13 +227,17 @@ def main(argv=None):
     p.add_argument("--student", default="models/shapes-v1-lcm")
     p.add_argument("--teacher-steps", type=int, nargs="+", default=[20, 10, 4])
     p.add_argument("--student-steps", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--row", action="append", default=[], metavar="NAME=PATH:STEPS",
+                   help="with --compare: a model and its step counts, e.g. shapes-v1=models/shapes-v1:20,10 "
+                        "(repeatable; replaces the teacher/student rows)")
+    p.add_argument("--results", default="model_eval_student.json", help="with --compare: the file under --out")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.compare:
         res = compare(args, argv)
         outdir = Path(args.out)
         outdir.mkdir(parents=True, exist_ok=True)
-        (outdir / "model_eval_student.json").write_text(json.dumps(res, indent=1))
+        (outdir / args.results).write_text(json.dumps(res, indent=1))
         print_table(res)
         return
 
@@ -208,9 +251,11 @@ def main(argv=None):
     items = eval_captions(args.n)
     images, gen_s = generate(pipe, items, args.steps, args.guidance, args.batch)
     scores = clf.scores(images)
+    geo_kinds = geometry.judge_kinds(images)
+    per_kind_geo = defaultdict(list)
 
     rows, per_kind, per_colour, per_bg = [], defaultdict(list), defaultdict(list), defaultdict(list)
-    for (cap, gt), im, sc in zip(items, images, scores, strict=True):
+    for (cap, gt), im, sc, geo in zip(items, images, scores, geo_kinds, strict=True):
         sh = gt.shapes[0]
         fg, bg = judge_colours(np.asarray(im.convert("RGB")))
         kind = max(sc, key=sc.get)
@@ -221,6 +266,8 @@ def main(argv=None):
         r["all_ok"] = r["colours_ok"] and r["kind_ok"]
         rows.append(r)
         per_kind[sh.kind].append(r["kind_ok"])
+        per_kind_geo[sh.kind].append(geo == sh.kind)
+        r["geometry_kind"] = geo
         per_colour[sh.colour].append(r["colour_ok"])
         per_bg[gt.background].append(r["background_ok"])
 
@@ -238,6 +285,8 @@ def main(argv=None):
         "shape_kind_accuracy": frac("kind_ok"), "all_correct": frac("all_ok"),
         "bars": {"shape_and_background_colour_accuracy": 0.85, "shape_kind_accuracy": 0.70},
         "per_kind_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_kind.items())},
+        "shape_kind_accuracy_geometry": round(float(np.mean([g == gt.shapes[0].kind for g, (_, gt) in zip(geo_kinds, items, strict=True)])), 4),
+        "per_kind_accuracy_geometry": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_kind_geo.items())},
         "per_shape_colour_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_colour.items())},
         "per_background_accuracy": {k: round(float(np.mean(v)), 3) for k, v in sorted(per_bg.items())},
         "kind_confusion": dict(Counter(f"{r['want_kind']}->{r['got_kind']}" for r in rows if not r["kind_ok"])),

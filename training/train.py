@@ -11,7 +11,13 @@ Stages (all seeded, single-threaded by default):
      v-prediction, DDPM linear betas, 10% empty captions (classifier-free guidance), EMA weights.
 The pipeline (EMA UNet + text encoder, VAE, tokenizer, DPMSolverMultistep scheduler) is saved
 with StableDiffusionPipeline.save_pretrained every --ckpt-every steps and at the end, so an
-interruption still leaves a loadable model in --out. Resumable state goes to --state.
+interruption still leaves a loadable model in --out. Resumable state goes to --state (the UNet
+stage) and <state>.vae.pt beside it (the VAE stage); with --resume, re-running the same command
+continues either stage where it stopped (SIGTERM / Ctrl-C save a checkpoint first).
+
+shapes-v2 (issue 34; docs/model.md) is this script with a sharper VAE (fine-tuned from v1's with an
+edge-aware loss: L1 on pixels and on image gradients, --vae-edge-weight), a wider UNet, min-SNR
+loss weighting (--min-snr) and a longer run.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import copy
 import json
 import math
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +46,14 @@ DEFAULT_GUIDANCE = 6.0
 
 def log(*a):
     print(time.strftime("%H:%M:%S"), *a, flush=True)
+
+
+STOP = {"requested": False}   # set by SIGTERM / SIGINT: the running stage checkpoints and stops
+
+
+def _request_stop(signum, frame):
+    STOP["requested"] = True
+    log(f"signal {signum}: checkpointing and stopping")
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -84,14 +99,14 @@ def build_tokenizer(tmpdir: Path):
 
 
 # ----------------------------------------------------------------------------- model configs
-def make_vae():
+def make_vae(channels=(16, 32, 64), layers_per_block=1):
     from diffusers import AutoencoderKL
 
     return AutoencoderKL(
         in_channels=3, out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * 3,
         up_block_types=("UpDecoderBlock2D",) * 3,
-        block_out_channels=(16, 32, 64), layers_per_block=1, latent_channels=4,
+        block_out_channels=tuple(channels), layers_per_block=layers_per_block, latent_channels=4,
         norm_num_groups=1, sample_size=64, mid_block_add_attention=False,
     )
 
@@ -155,6 +170,17 @@ class Pool:
         self.imgs, _, self.gts = ds.arrays(range(n))
         log(f"generated pool of {n} samples in {time.time() - t:.1f}s")
 
+    def crops(self, idx, size: int, rng: np.random.Generator, jitter: float = 10.0) -> np.ndarray:
+        """size x size windows (a multiple of 4), each near one of its image's shapes."""
+        out = []
+        n = self.imgs.shape[1]
+        for i in idx:
+            sh = self.gts[i].shapes[int(rng.integers(len(self.gts[i].shapes)))]
+            ox, oy = (int(np.clip(c - size / 2 + rng.uniform(-jitter, jitter), 0, n - size)) // 4 * 4
+                      for c in (sh.cx, sh.cy))
+            out.append(self.imgs[i, oy:oy + size, ox:ox + size])
+        return np.stack(out)
+
     def captions(self, idx, rng: np.random.Generator, p_no_size=0.3, p_drop=0.1) -> list[str]:
         caps = []
         for i in idx:
@@ -167,19 +193,63 @@ class Pool:
 
 
 # ----------------------------------------------------------------------------- stage 1: VAE
+def vae_state_path(state: str | Path) -> Path:
+    state = Path(state)
+    return state.with_name(state.stem + ".vae.pt")
+
+
+def _image_grads(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x[..., 1:, :] - x[..., :-1, :], x[..., :, 1:] - x[..., :, :-1]
+
+
 def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weight: float,
-              vae_noise: float = 0.1):
+              vae_noise: float = 0.1, edge_weight: float = 0.0, init_from: str | None = None,
+              channels=(16, 32, 64), layers_per_block: int = 1, state: Path | None = None,
+              resume: bool = False, ckpt_every: int = 100, crop: int = 0):
+    """Train (or, with init_from, fine-tune) the autoencoder; resumable through ``state``.
+
+    edge_weight > 0 adds L1 on pixels and on horizontal/vertical image differences: plain MSE is
+    dominated by the flat areas, and the v1 VAE (MSE only, 400 steps) rounded a star's points
+    off (bench/geometry.py: 31% of its round-tripped ground-truth stars still look like stars).
+    crop > 0 trains on crop x crop windows around a shape (the autoencoder is convolutional, so
+    it then runs on whole images): a quarter of the pixels per sample for crop 32, so four
+    times the samples, all of them edges and corners rather than flat background.
+    """
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    vae = make_vae()
+    if init_from:
+        from diffusers import AutoencoderKL
+        vae = AutoencoderKL.from_pretrained(init_from, subfolder="vae").float()
+        log(f"VAE initialised from {init_from}")
+    else:
+        vae = make_vae(channels, layers_per_block)
     log(f"VAE params: {n_params(vae):,}")
     opt = torch.optim.AdamW(vae.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / steps))))
+        opt, lambda s: min(1.0, (s + 1) / 20) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
+    start = 0
+    if resume and state is not None and state.exists():
+        st = torch.load(state, weights_only=False)
+        vae.load_state_dict(st["vae"])
+        opt.load_state_dict(st["opt"])
+        sched.load_state_dict(st["sched"])
+        torch.set_rng_state(st["torch_rng"])
+        rng.bit_generator.state = st["np_rng"]
+        start = st["step"]
+        log(f"VAE resumed from step {start}/{steps}")
+
+    def checkpoint(done: int) -> None:
+        if state is not None:
+            tmp = state.with_name(state.name + ".tmp")
+            torch.save(dict(vae=vae.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
+                            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done), tmp)
+            tmp.replace(state)
+
+    vae.train()
     t0 = time.time()
-    for step in range(steps):
+    for step in range(start, steps):
         idx = rng.integers(len(pool.imgs), size=batch)
-        x = to_tensor(pool.imgs[idx])
+        x = to_tensor(pool.crops(idx, crop, rng) if crop else pool.imgs[idx])
         post = vae.encode(x).latent_dist
         # deterministic-ish autoencoder: decode the posterior mean plus a small fixed noise so the
         # decoder tolerates imperfect diffusion outputs; L2 (the KL mean term) keeps latents bounded.
@@ -188,14 +258,25 @@ def train_vae(pool: Pool, steps: int, batch: int, lr: float, seed: int, kl_weigh
         mse = F.mse_loss(rec, x)
         kl = (0.5 * post.mean ** 2).mean()
         loss = mse + kl_weight * kl
+        if edge_weight > 0:
+            (ry, rx), (ty, tx) = _image_grads(rec), _image_grads(x)
+            loss = loss + edge_weight * (F.l1_loss(rec, x) + F.l1_loss(ry, ty) + F.l1_loss(rx, tx))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
         opt.step()
         sched.step()
-        if step % 25 == 0 or step == steps - 1:
-            log(f"vae step {step} mse {mse.item():.5f} kl {kl.item():.3f} "
-                f"{(time.time() - t0) / (step + 1):.3f}s/step")
+        done = step + 1
+        if step % 25 == 0 or done == steps:
+            log(f"vae step {done}/{steps} mse {mse.item():.5f} kl {kl.item():.3f} loss {loss.item():.4f} "
+                f"{(time.time() - t0) / (done - start):.3f}s/step")
+        if done % ckpt_every == 0 or done == steps or STOP["requested"]:
+            checkpoint(done)
+            if STOP["requested"]:
+                log(f"VAE stopped at step {done}; state -> {state}")
+                raise SystemExit(0)
+    if start == 0 and steps == 0:
+        checkpoint(0)
     vae.eval()
     return vae
 
@@ -283,7 +364,7 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         p.requires_grad_(False)
     params = list(unet.parameters()) + list(te.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    warm = 200
+    warm = args.warmup
     lr_fn = lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
     noise_sched = make_train_scheduler()
@@ -327,7 +408,13 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         target = a.sqrt() * noise - (1 - a).sqrt() * z0            # v-prediction
         enc = te(ids)[0]
         pred = unet(zt, t, encoder_hidden_states=enc).sample
-        loss = F.mse_loss(pred, target)
+        if args.min_snr > 0:
+            # min-SNR-gamma weighting (Hang et al. 2023) in its v-prediction form: min(snr, g) / (snr + 1)
+            snr = a.view(-1) / (1 - a.view(-1))
+            w = snr.clamp(max=args.min_snr) / (snr + 1)
+            loss = (w * (pred - target).pow(2).mean(dim=(1, 2, 3))).mean() / w.mean().detach()
+        else:
+            loss = F.mse_loss(pred, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -340,20 +427,22 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
             el = time.time() - t0
             log(f"unet step {done}/{args.steps} loss {loss.item():.4f} avg {loss_avg:.4f} "
                 f"lr {sched.get_last_lr()[0]:.2e} {el / (done - start):.3f}s/step")
-        out_of_time = args.max_minutes > 0 and time.time() - t_start > 60 * args.max_minutes
+        out_of_time = (args.max_minutes > 0 and time.time() - t_start > 60 * args.max_minutes) or STOP["requested"]
         if done % args.ckpt_every == 0 or done == args.steps or out_of_time:
             meta = dict(vars(args), unet_step=done, total_wall_s=round(time.time() - t_start, 1),
                         unet_s_per_step=round((time.time() - t0) / (done - start), 3),
                         default_inference_steps=DEFAULT_STEPS, default_guidance_scale=DEFAULT_GUIDANCE,
                         train_dataset_seed=TRAIN_SEED)
             save_pipeline(out, vae, ema_te, tokenizer, ema_unet, preview, meta, fp16=not args.fp32)
+            tmp_state = state_path.with_name(state_path.name + ".tmp")
             torch.save(dict(unet=unet.state_dict(), te=te.state_dict(), ema_unet=ema_unet.state_dict(),
                             ema_te=ema_te.state_dict(), opt=opt.state_dict(), sched=sched.state_dict(),
                             torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done),
-                       state_path)
+                       tmp_state)
+            tmp_state.replace(state_path)   # a kill during the write leaves the previous state whole
             log(f"checkpoint saved at step {done} -> {out}")
         if out_of_time:
-            log(f"stopping early at step {done}: --max-minutes {args.max_minutes} reached")
+            log(f"stopping early at step {done}: " + ("signal" if STOP["requested"] else f"--max-minutes {args.max_minutes} reached"))
             break
     return ema_unet, ema_te
 
@@ -368,11 +457,21 @@ def main(argv=None):
     p.add_argument("--vae-batch", type=int, default=32)
     p.add_argument("--vae-lr", type=float, default=2e-3)
     p.add_argument("--kl-weight", type=float, default=1e-4)
-    p.add_argument("--vae-from", default=None, help="reuse the VAE of an existing pipeline dir")
+    p.add_argument("--vae-noise", type=float, default=0.1, help="noise added to the VAE latent while training it")
+    p.add_argument("--vae-edge-weight", type=float, default=0.0,
+                   help="weight of the L1 pixel + image-gradient loss terms (0: MSE only, as v1)")
+    p.add_argument("--vae-channels", type=int, nargs=3, default=[16, 32, 64])
+    p.add_argument("--vae-layers", type=int, default=1)
+    p.add_argument("--vae-init", default=None, help="fine-tune the VAE of an existing pipeline dir (else from scratch)")
+    p.add_argument("--vae-ckpt-every", type=int, default=100)
+    p.add_argument("--vae-crop", type=int, default=0, help="train the VAE on windows of this side around shapes (0: whole images)")
+    p.add_argument("--vae-from", default=None, help="reuse the VAE of an existing pipeline dir (no VAE training)")
     p.add_argument("--steps", type=int, default=2800, help="UNet steps")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=8e-4)
     p.add_argument("--ema", type=float, default=0.999)
+    p.add_argument("--warmup", type=int, default=200, help="UNet learning-rate warm-up steps")
+    p.add_argument("--min-snr", type=float, default=0.0, help="min-SNR-gamma loss weighting (0: off, as v1)")
     p.add_argument("--unet-channels", type=int, nargs=3, default=[32, 64, 128])
     p.add_argument("--unet-layers", type=int, default=1)
     p.add_argument("--attn-top", action="store_true", help="cross-attention at the 16x16 level too")
@@ -387,6 +486,15 @@ def main(argv=None):
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    old_handlers = {sig: signal.signal(sig, _request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _run(args)
+    finally:
+        for sig, h in old_handlers.items():
+            signal.signal(sig, h)
+
+
+def _run(args):
     t_start = time.time()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -399,7 +507,11 @@ def main(argv=None):
         log(f"reusing VAE from {args.vae_from} (scaling_factor {vae.config.scaling_factor:.4f})")
         lat_mean, lat_std = encode_pool(vae, pool)
     else:
-        vae = train_vae(pool, args.vae_steps, args.vae_batch, args.vae_lr, args.seed, args.kl_weight)
+        vae = train_vae(pool, args.vae_steps, args.vae_batch, args.vae_lr, args.seed, args.kl_weight,
+                        vae_noise=args.vae_noise, edge_weight=args.vae_edge_weight, init_from=args.vae_init,
+                        channels=args.vae_channels, layers_per_block=args.vae_layers,
+                        state=vae_state_path(args.state), resume=args.resume, ckpt_every=args.vae_ckpt_every,
+                        crop=args.vae_crop)
         lat_mean, lat_std = encode_pool(vae, pool)
         z = lat_mean
         sf = float(1.0 / z.std())
