@@ -41,8 +41,10 @@ SS = 4                  # template supersampling
 GEOMETRY_VALIDATION_SEED = 4343   # ground-truth renderings for validation (not training's 1234)
 
 
-def foreground(arr: np.ndarray) -> np.ndarray:
-    """Boolean mask of the largest non-background blob of an RGB uint8 array, holes filled."""
+def foreground(arr: np.ndarray, fill_holes: bool = True) -> np.ndarray:
+    """Boolean mask of the largest blob not of the background colour of an RGB uint8 array
+    (nearest-palette labelling, background = the most frequent label on the border, as
+    bench/model_eval.py judges colours), its holes filled unless `fill_holes` is False."""
     from scipy import ndimage
 
     lab = ((arr[..., None, :].astype(np.float32) - PALETTE) ** 2).sum(-1).argmin(-1)
@@ -52,7 +54,8 @@ def foreground(arr: np.ndarray) -> np.ndarray:
     if n == 0:
         return mask
     sizes = ndimage.sum(mask, comps, range(1, n + 1))
-    return ndimage.binary_fill_holes(comps == (1 + int(np.argmax(sizes))))
+    largest = comps == (1 + int(np.argmax(sizes)))
+    return ndimage.binary_fill_holes(largest) if fill_holes else largest
 
 
 def solidity(mask: np.ndarray) -> float:

@@ -85,18 +85,10 @@ def table(items, judgements) -> dict:
 
 # --- how star-like is a generated "star"? ------------------------------------------------------
 def foreground(arr: np.ndarray) -> np.ndarray:
-    """Boolean mask of the largest blob not of the background colour (nearest-palette labelling,
-    background = the most frequent label on the border, as bench/model_eval.py judges colours)."""
-    from scipy import ndimage
+    """The largest blob not of the background colour, its holes kept (bench/geometry.py)."""
+    from bench.geometry import foreground as blob
 
-    lab = ((arr[..., None, :].astype(np.float32) - PALETTE) ** 2).sum(-1).argmin(-1)
-    border = np.concatenate([lab[0], lab[-1], lab[:, 0], lab[:, -1]])
-    mask = lab != np.bincount(border).argmax()
-    comps, n = ndimage.label(mask)
-    if n == 0:
-        return mask
-    sizes = ndimage.sum(mask, comps, range(1, n + 1))
-    return comps == (1 + int(np.argmax(sizes)))
+    return blob(arr, fill_holes=False)
 
 
 def starness(arr: np.ndarray) -> float:
