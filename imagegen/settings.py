@@ -450,6 +450,9 @@ IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
 
 # --- integration: idempotent submits, signed webhooks (jobs/api/idempotency.py, jobs/webhooks/delivery.py) ---
 IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
+# `Prefer: wait=N` on a submit waits at most this long for the job to end (jobs/api/prefer.py): the
+# wait holds a web thread, so it suits few-step models whose jobs end in about a second.
+IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
 IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
 IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
 IMAGEGEN_WEBHOOK_BACKOFF = env_float("IMAGEGEN_WEBHOOK_BACKOFF", 10.0)  # seconds before the first retry; doubles, at most 1 h

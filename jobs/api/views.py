@@ -19,11 +19,11 @@ from imagegen import metrics
 from jobs import actions
 from jobs.access import usage
 from jobs.admission.control import Refused
-from jobs.api import idempotency
+from jobs.api import idempotency, prefer
 from jobs.api.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
 from jobs.api.serializers import JobCreateSerializer
 from jobs.media.storage import public_storage
-from jobs.models import GeneratedImage, GenerationJob
+from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob
 from jobs.pipeline.submit import submit_job
 from jobs.representation import JobSerializer
 
@@ -64,10 +64,11 @@ class NewestFirst(CursorPagination):
             "Answers 202 with the job at once; the prompt is checked, then the job waits for a GPU batch. "
             "Sizes come from the size menu; `seed` null or absent picks one. 429 with Retry-After when an "
             "admission limit refuses it. With an `Idempotency-Key` already used with the same body: 200 and "
-            "that job; with another body: 422."
+            "that job; with another body: 422. With `Prefer: wait=N`: 200 and the finished job if it ends "
+            "within N seconds (capped by the server), else 202 as without it."
         ),
         request=JobCreateSerializer,
-        parameters=[idempotency.schema_parameter()],
+        parameters=[idempotency.schema_parameter(), prefer.schema_parameter()],
         responses={202: JobSerializer, 200: JobSerializer, 429: RefusedSerializer,
                    422: OpenApiResponse(description="The Idempotency-Key was used with a different body.")},
     ),
@@ -95,7 +96,14 @@ class JobListCreate(ListAPIView):
             return refused_response(refused)
         if replayed:  # the job an earlier request with this Idempotency-Key made
             return Response(JobSerializer(job, context={"estimate": True}).data, status=status.HTTP_200_OK)
-        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        wait = prefer.requested_wait(request)
+        if wait is None:
+            return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        job = prefer.wait_for_end(job, wait)
+        ended = job.status in TERMINAL_STATUSES
+        return Response(JobSerializer(job, context={"estimate": not ended}).data,
+                        status=status.HTTP_200_OK if ended else status.HTTP_202_ACCEPTED,
+                        headers={"Preference-Applied": f"wait={wait:g}"})
 
 
 def etag_of(body: bytes) -> str:
