@@ -61,3 +61,29 @@ def test_an_interrupted_unet_run_continues_from_its_state_and_stays_loadable(tmp
     im = pipe("a red star on a blue background", num_inference_steps=2, height=64, width=64,
               generator=torch.Generator().manual_seed(0)).images[0]
     assert im.size == (64, 64)
+
+
+def test_a_run_whose_state_is_gone_continues_from_its_saved_pipeline(tmp_path):
+    """The full state (weights, EMA, optimiser moments) is too big to commit; the pipeline a
+    checkpoint leaves in --out is not. --warm-from continues from it at its UNet step."""
+    from diffusers import UNet2DConditionModel
+
+    _run(tmp_path, "--vae-steps", "2", "--steps", "4")
+    (tmp_path / "state.pt").unlink()
+    saved = UNet2DConditionModel.from_pretrained(tmp_path / "model", subfolder="unet").state_dict()
+    unet = train.make_unet([16, 16, 32], cross_dim=32, layers_per_block=1, attn_top=False)
+    te = train.make_text_encoder(train.build_tokenizer(tmp_path / "tok"), hidden=32, layers=1)
+    assert train.warm_start(tmp_path / "model", unet, te) == 4
+    assert all(torch.equal(unet.state_dict()[k], v) for k, v in saved.items())
+
+    train.STOP["requested"] = False
+    train.main(["--out", str(tmp_path / "model2"), "--state", str(tmp_path / "state2.pt"), *TOY,
+                "--steps", "6", "--warm-from", str(tmp_path / "model")])
+    info = json.loads((tmp_path / "model2" / "training_info.json").read_text())
+    assert info["unet_step"] == 6 and torch.load(tmp_path / "state2.pt", weights_only=False)["step"] == 6
+
+
+def test_the_learning_rate_ramps_up_again_after_a_warm_start():
+    cold = [train.lr_factor(s, 200, 3000) for s in range(1400, 1460)]
+    warm = [train.lr_factor(s, 200, 3000, warm_step=1400) for s in range(1400, 1460)]
+    assert warm[0] < cold[0] / 10 and warm[-1] == cold[-1]

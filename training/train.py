@@ -345,6 +345,32 @@ def replace_folder(tmp: Path, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- stage 3: UNet
+REWARM_STEPS = 50   # a warm start's fresh optimiser ramps its learning rate up again over these
+
+
+def lr_factor(step: int, warmup: int, steps: int, warm_step: int = 0) -> float:
+    """Linear warm-up, then cosine decay to 10% at `steps`; a warm start at `warm_step` ramps
+    up again (its optimiser has no moments yet) and then follows the same cosine."""
+    ramp = min(1.0, (step + 1) / warmup)
+    if warm_step:
+        ramp = min(ramp, (step - warm_step + 1) / REWARM_STEPS)
+    return ramp * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)))
+
+
+def warm_start(pipeline_dir: str | Path, unet, te) -> int:
+    """Load a saved pipeline's (EMA) UNet and text encoder into the modules being trained and
+    return the UNet step it was saved at. This continues a run whose full state (optimiser
+    moments, raw weights) is gone, from the pipeline a checkpoint leaves in --out: the folder
+    that can be committed, where the full state (four copies of the weights) is too big to."""
+    from diffusers import UNet2DConditionModel
+    from transformers import CLIPTextModel
+
+    pipeline_dir = Path(pipeline_dir)
+    unet.load_state_dict(UNet2DConditionModel.from_pretrained(pipeline_dir, subfolder="unet").float().state_dict())
+    te.load_state_dict(CLIPTextModel.from_pretrained(pipeline_dir, subfolder="text_encoder").float().state_dict())
+    return int(json.loads((pipeline_dir / "training_info.json").read_text())["unet_step"])
+
+
 def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out: Path, t_start):
     torch.manual_seed(args.seed + 1)
     rng = np.random.default_rng(args.seed + 1)
@@ -353,7 +379,12 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
                      attn_top=args.attn_top)
     te = make_text_encoder(tokenizer, hidden=args.te_hidden, layers=args.te_layers)
     log(f"UNet params: {n_params(unet):,}  text encoder params: {n_params(te):,}")
-    if not (args.resume and Path(args.state).exists()):
+    state_path = Path(args.state)
+    warm_step = 0
+    if args.warm_from and not (args.resume and state_path.exists()):
+        warm_step = warm_start(args.warm_from, unet, te)
+        log(f"warm start from {args.warm_from}: its EMA weights at UNet step {warm_step}, a fresh optimiser")
+    elif not (args.resume and state_path.exists()):
         # save right away (untrained UNet) so the trained VAE + preview decoder are never lost
         save_pipeline(out, vae, te, tokenizer, unet, preview, dict(vars(args), unet_step=0), fp16=not args.fp32)
         log(f"saved step-0 pipeline (trained VAE, untrained UNet) -> {out}")
@@ -364,13 +395,12 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         p.requires_grad_(False)
     params = list(unet.parameters()) + list(te.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
-    warm = args.warmup
-    lr_fn = lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_fn)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.warmup, args.steps, warm_step))
     noise_sched = make_train_scheduler()
     acp = noise_sched.alphas_cumprod
-    start = 0
-    state_path = Path(args.state)
+    start = warm_step
+    for _ in range(warm_step):
+        sched.step()
     if args.resume and state_path.exists():
         st = torch.load(state_path, weights_only=False)
         unet.load_state_dict(st["unet"])
@@ -481,6 +511,9 @@ def main(argv=None):
     p.add_argument("--max-minutes", type=float, default=0, help="save and stop after this wall time (0: no limit)")
     p.add_argument("--state", default="/tmp/shapes_train_state.pt")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--warm-from", default=None,
+                   help="continue from a saved pipeline dir (its VAE, EMA UNet and text encoder, and the UNet "
+                        "step in its training_info.json) when --state is gone; the optimiser starts afresh")
     p.add_argument("--fp32", action="store_true", help="save fp32 weights (default fp16 on disk)")
     args = p.parse_args(argv)
 
@@ -501,9 +534,11 @@ def _run(args):
     tokenizer = build_tokenizer(Path(tempfile.mkdtemp(prefix="shapes_tok_")))
     pool = Pool(args.pool)
 
+    if args.warm_from and not (args.resume and Path(args.state).exists()):
+        args.vae_from = args.vae_from or args.warm_from
     if args.vae_from:
         from diffusers import AutoencoderKL
-        vae = AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae").eval()
+        vae = AutoencoderKL.from_pretrained(args.vae_from, subfolder="vae").float().eval()
         log(f"reusing VAE from {args.vae_from} (scaling_factor {vae.config.scaling_factor:.4f})")
         lat_mean, lat_std = encode_pool(vae, pool)
     else:
