@@ -1,0 +1,109 @@
+"""The prompt rewriter (issue 30): a small sequence-to-sequence model that turns a free-form
+description ("a vermilion pebble against a cerulean sky") into the caption grammar the shipped
+image model was trained on ("a red circle on a blue background").
+
+Any causal or sequence-to-sequence model that transformers loads from disk can take the
+shipped one's place (``IMAGEGEN_REWRITER_PATH``). What the serving code guarantees whatever the
+model writes:
+
+* a prompt already in the grammar is left exactly as it is (the model is not even asked);
+* a rewrite that is not in the grammar, or the model's ``<keep>`` (nothing it can draw), keeps
+  the user's prompt unchanged;
+* one forward pass rewrites a batch of prompts (greedy decoding, a bounded output length).
+
+The rewriter's version (for the cache key and the job record) is the hash of its weights and
+configuration, read once at load.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+KEEP = "<keep>"
+SHAPE_KINDS = ("circle", "square", "triangle", "star", "heart")
+COLOURS = ("red", "green", "blue", "yellow", "white", "black")
+MAX_NEW_TOKENS = 32
+
+_CANON = re.compile(
+    r"^a (?:(?:small|large) )?(?P<c1>\w+) (?P<k1>\w+)(?: and a (?:(?:small|large) )?(?P<c2>\w+) (?P<k2>\w+))?"
+    r" on a (?P<bg>\w+) background$")
+
+
+def parse_canonical(text: str) -> dict | None:
+    """The scene of a caption in the model's grammar, or None where the text is not one."""
+    m = _CANON.match(text.strip())
+    if not m:
+        return None
+    d = m.groupdict()
+    colours = [d["c1"]] + ([d["c2"]] if d["c2"] else [])
+    kinds = [d["k1"]] + ([d["k2"]] if d["k2"] else [])
+    if any(c not in COLOURS for c in [*colours, d["bg"]]) or any(k not in SHAPE_KINDS for k in kinds):
+        return None
+    if d["bg"] in colours or len(set(colours)) != len(colours):
+        return None
+    return {"colours": colours, "kinds": kinds, "background": d["bg"]}
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    prompt: str         # what the image model is given
+    changed: bool       # False: the user's prompt, as written
+
+
+def model_version(path: str | Path) -> str:
+    """A hash of every file of the model folder (weights, configuration, tokenizer)."""
+    h = hashlib.sha256()
+    root = Path(path)
+    for f in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "training_info.json"):
+        h.update(f.relative_to(root).as_posix().encode())
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+class Rewriter:
+    """A loaded rewriter model. ``rewrite`` is safe to call from several threads."""
+
+    def __init__(self, path: str | Path, threads: int | None = None):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
+
+        self.path = Path(path)
+        config = AutoConfig.from_pretrained(self.path, local_files_only=True)
+        self.seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+        cls = AutoModelForSeq2SeqLM if self.seq2seq else AutoModelForCausalLM
+        self.model = cls.from_pretrained(self.path, local_files_only=True).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        if not self.seq2seq:
+            self.tokenizer.padding_side = "left"
+        self.version = model_version(self.path)
+        info = self.path / "training_info.json"
+        self.info = json.loads(info.read_text()) if info.exists() else {}
+        self._lock = threading.Lock()
+        self._torch = torch
+        if threads:
+            torch.set_num_threads(threads)
+
+    def rewrite(self, prompts: list[str]) -> list[Rewrite]:
+        out: list[Rewrite | None] = [Rewrite(p, False) if parse_canonical(p) else None for p in prompts]
+        todo = [i for i, r in enumerate(out) if r is None]
+        if todo:
+            for i, text in zip(todo, self._generate([prompts[i] for i in todo]), strict=True):
+                text = " ".join(text.split())
+                out[i] = Rewrite(text, True) if text != KEEP and parse_canonical(text) else Rewrite(prompts[i], False)
+        return [r for r in out if r is not None]
+
+    def _generate(self, prompts: list[str]) -> list[str]:
+        torch = self._torch
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True, max_length=64)
+        with self._lock, torch.inference_mode():
+            ids = self.model.generate(**enc, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, num_beams=1,
+                                      pad_token_id=self.tokenizer.pad_token_id)
+        if not self.seq2seq:
+            ids = ids[:, enc["input_ids"].shape[1]:]
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
