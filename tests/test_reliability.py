@@ -197,7 +197,7 @@ def test_a_redis_restart_mid_run_loses_no_job_and_the_workers_reconnect(transact
             time.sleep(0.05)
         redis_proc.kill()
         redis_proc.wait()
-        time.sleep(1.0)
+        time.sleep(1.0)  # the outage under test: Redis stays away a second (not a synchronisation)
         redis_proc, _ = start(tmp_path / "redis", port=port)
         more = []
         for _ in range(30):
