@@ -364,20 +364,20 @@ class Runner:
         parameters = encoding.ImageParameters.of(job, row.seed)
         encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
         encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
-        backoff = settings.IMAGEGEN_UPLOAD_BACKOFF
-        while True:
-            try:
-                stored = store_quarantined(encoded.data, encoded.extension)
-                break
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                if not _retry_db(lambda: row.job_id in actions.held_jobs(batch_id, {row.job_id: attempts[row.job_id]})):
-                    raise _Abandoned from exc
-                log.warning("quarantine write for batch %s failed (%s); retrying in %.1fs", batch_id, exc, backoff,
-                            extra={"batch_id": str(batch_id), "stage": "hand-off"})
-                time.sleep(backoff)
-                backoff = min(backoff * 2, settings.IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF)
+        try:
+            # The project's one bounded storage retry (jobs/media/storage.py: IMAGEGEN_UPLOAD_ATTEMPTS
+            # with backoff, on top of botocore's own).
+            stored = store_quarantined(encoded.data, encoded.extension)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # Storage still away: the job's lease ends now and the reaper puts it back in the
+            # queue at once (as for a Redis or database interruption); the image is made again
+            # later, since it is a pure function of its inputs. No loop holds the worker here.
+            log.warning("quarantine write for batch %s failed (%s); the job goes back to the queue", batch_id, exc,
+                        extra={"batch_id": str(batch_id), "stage": "hand-off"})
+            _retry_db(lambda: actions.return_to_queue_now([row.job_id]))
+            raise _Abandoned from exc
         return actions.Written(
             job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width, height=image.height,
             byte_size=stored.byte_size, sha256=stored.sha256, content_type=encoded.content_type,

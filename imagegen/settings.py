@@ -507,9 +507,6 @@ except signing_credentials.CredentialsError as _exc:
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured(f"content credentials: {_exc}") from None
-# A denoised image is never dropped for a storage outage: its write to quarantine is retried
-# with backoff up to this many seconds apart, for as long as this worker still holds the job.
-IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_QUARANTINE_RETRY_MAX_BACKOFF", 10.0)
 
 
 def s3_storages(

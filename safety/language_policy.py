@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .policy_base import LANGUAGES, PolicyError
+from .policy_base import PolicySpec, validate
 
 ACTIONS = ("review", "block", "allow")
 
@@ -76,28 +76,12 @@ class LanguagePolicy:
 
 
 def parse_languages(data: dict, categories, source: str = "<policy>") -> LanguagePolicy:
-    """Validate the ``languages`` section (see the module docstring); PolicyError on a problem."""
+    """The ``languages`` section (see the module docstring), validated with the rest of the file
+    by safety/policy_base.PolicySpec; PolicyError on a problem."""
     with_words = {"en"}
     for c in categories:
         with_words.update(lang for lang, terms in c.translations.items() if terms)
-    raw = data.get("languages")
-    if raw is None:
+    if data.get("languages") is None:
         return LanguagePolicy(frozenset(with_words))
-    where = f"{source}: languages"
-    if not isinstance(raw, dict):
-        raise PolicyError(f"{where} must be an object with 'declared' and 'undeclared'")
-    unknown = sorted(set(raw) - {"declared", "undeclared", "note"})
-    if unknown:
-        raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
-    declared = raw.get("declared")
-    if not isinstance(declared, list) or not declared or not all(isinstance(x, str) for x in declared):
-        raise PolicyError(f"{where}: 'declared' must be a non-empty list of ISO 639-1 codes")
-    for code in declared:
-        if code not in LANGUAGES:
-            raise PolicyError(f"{where}: declared: unknown language code {code!r} (one of {sorted(LANGUAGES)})")
-        if code not in with_words:
-            raise PolicyError(f"{where}: declared: {code!r} has no words in any category (add translations first)")
-    action = raw.get("undeclared", "review")
-    if action not in ACTIONS:
-        raise PolicyError(f"{where}: 'undeclared' must be one of {', '.join(ACTIONS)}, got {action!r}")
-    return LanguagePolicy(frozenset(declared), action)
+    spec = validate(PolicySpec, data, source).languages
+    return LanguagePolicy(frozenset(spec.declared), spec.undeclared)

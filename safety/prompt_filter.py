@@ -45,7 +45,7 @@ from . import normalize
 from .language import LanguageID, LanguageReading
 from .language_policy import LanguagePolicy, parse_languages
 from .lexicon import Lexicon
-from .policy_base import LANGUAGES, PolicyError  # noqa: F401  (PolicyError: callers import it from here)
+from .policy_base import LANGUAGES, PolicyError, PolicySpec, validate  # noqa: F401  (PolicyError: callers import it from here)
 from .prompt_rules import TermError, TermMatcher
 from .prompt_semantic import (  # noqa: F401  (HeadError: re-exported)
     DEFAULT_HEAD_NAME,
@@ -63,8 +63,6 @@ ENV_EMBEDDINGS = "IMAGEGEN_SAFETY_EMBEDDINGS"  # "0"/"false" disables the semant
 ALLOW, REVIEW, BLOCK = "allow", "review", "block"
 _SEVERITY = {ALLOW: 0, REVIEW: 1, BLOCK: 2}
 UNDECLARED_LANGUAGE = "undeclared_language"  # the category of a fallback verdict
-# A threshold above 1 disables that level (cosine similarity is <= 1).
-_MAX_THRESHOLD = 1.01
 READINGS_CACHE_SIZE = 1024  # prompts
 EMBEDDING_CACHE_SIZE = 4096  # clauses (384 floats each: ~6 MB)
 
@@ -111,154 +109,23 @@ class Category:
         return self.terms + self.euphemisms + [t for lang in sorted(self.translations) for t in self.translations[lang]]
 
 
-def _req(obj: dict, key: str, typ, where: str):
-    if key not in obj:
-        raise PolicyError(f"{where}: missing required key '{key}'")
-    val = obj[key]
-    if not isinstance(val, typ) or (typ is not bool and isinstance(val, bool)):
-        tname = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-        raise PolicyError(f"{where}: '{key}' must be {tname}, got {type(val).__name__}")
-    return val
-
-
-def _str_list(obj: dict, key: str, where: str, required: bool = True) -> list[str]:
-    if key not in obj and not required:
-        return []
-    val = _req(obj, key, list, where)
-    for i, item in enumerate(val):
-        if not isinstance(item, str) or not item.strip():
-            raise PolicyError(f"{where}: '{key}'[{i}] must be a non-empty string")
-    return list(val)
-
-
-def _threshold(obj: dict, defaults: dict, key: str, where: str) -> float:
-    src = obj if key in obj else defaults
-    if key not in src:
-        raise PolicyError(f"{where}: missing required key '{key}' (and no default)")
-    val = src[key]
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or not 0.0 <= val <= _MAX_THRESHOLD:
-        raise PolicyError(f"{where}: '{key}' must be a number in [0, {_MAX_THRESHOLD}], got {val!r}")
-    return float(val)
-
-
-def _translations(rc: dict, where: str) -> dict[str, list[str]]:
-    raw = rc.get("translations", {})
-    if not isinstance(raw, dict):
-        raise PolicyError(f"{where}: 'translations' must be an object of language code -> list of terms")
-    out = {}
-    for lang in raw:
-        if lang not in LANGUAGES:
-            raise PolicyError(f"{where}: translations: unknown language code {lang!r} (ISO 639-1, one of {sorted(LANGUAGES)})")
-        out[lang] = _str_list(raw, lang, f"{where}: translations")
-    return out
-
-
-_CATEGORY_KEYS = {
-    "name", "description", "rule_decision", "semantic_review", "semantic_block", "terms", "patterns",
-    "examples", "exceptions", "negative_prompt_terms", "euphemisms", "translations", "benign_contexts",
-}
-
-
-def _benign_contexts(rc: dict, where: str) -> list[dict]:
-    raw = rc.get("benign_contexts", [])
-    if not isinstance(raw, list):
-        raise PolicyError(f"{where}: 'benign_contexts' must be a list of {{terms, words, window}} objects")
-    out = []
-    for i, ctx in enumerate(raw):
-        w = f"{where}: benign_contexts[{i}]"
-        if not isinstance(ctx, dict):
-            raise PolicyError(f"{w} must be an object")
-        unknown = sorted(set(ctx) - {"terms", "words", "window", "note"})
-        if unknown:
-            raise PolicyError(f"{w}: unknown key(s) {', '.join(map(repr, unknown))}")
-        window = ctx.get("window", 2)
-        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= 5:
-            raise PolicyError(f"{w}: 'window' must be an integer 1-5, got {window!r}")
-        out.append({"terms": _str_list(ctx, "terms", w), "words": _str_list(ctx, "words", w), "window": window})
-    return out
-
-
 def parse_policy(data: Any, source: str = "<policy>") -> tuple[str, list[Category], dict]:
-    """Validate a decoded policy document; returns (version, categories, image section)."""
-    if not isinstance(data, dict):
-        raise PolicyError(f"{source}: the policy must be a JSON object")
-    version = _req(data, "version", str, source)
-    if not version.strip():
-        raise PolicyError(f"{source}: 'version' must not be empty")
-    defaults = data.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise PolicyError(f"{source}: 'defaults' must be an object")
-    raw_cats = _req(data, "categories", list, source)
-    if not raw_cats:
-        raise PolicyError(f"{source}: 'categories' must not be empty")
-    cats: list[Category] = []
-    seen: set[str] = set()
-    for i, rc in enumerate(raw_cats):
-        where = f"{source}: categories[{i}]"
-        if not isinstance(rc, dict):
-            raise PolicyError(f"{where} must be an object")
-        name = _req(rc, "name", str, where)
-        if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
-            raise PolicyError(f"{where}: name {name!r} must be lower_snake_case")
-        if name in seen:
-            raise PolicyError(f"{where}: duplicate category name {name!r}")
-        seen.add(name)
-        where = f"{source}: category '{name}'"
-        unknown = sorted(set(rc) - _CATEGORY_KEYS)
-        if unknown:
-            raise PolicyError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}")
-        description = _req(rc, "description", str, where)
-        decision = rc.get("rule_decision", defaults.get("rule_decision"))
-        if decision not in (BLOCK, REVIEW):
-            raise PolicyError(f"{where}: 'rule_decision' must be 'block' or 'review', got {decision!r}")
-        review = _threshold(rc, defaults, "semantic_review", where)
-        block = _threshold(rc, defaults, "semantic_block", where)
-        if review > block:
-            raise PolicyError(f"{where}: semantic_review ({review}) must be <= semantic_block ({block})")
-        patterns = _str_list(rc, "patterns", where, required=False)
-        for j, p in enumerate(patterns):
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise PolicyError(f"{where}: patterns[{j}] is not a valid regex: {exc}") from exc
-        terms = _str_list(rc, "terms", where)
-        examples = _str_list(rc, "examples", where, required=False)
-        euphemisms = _str_list(rc, "euphemisms", where, required=False)
-        translations = _translations(rc, where)
-        if not terms and not patterns and not examples and not euphemisms and not translations:
-            raise PolicyError(f"{where}: needs at least one of terms, patterns, examples")
-        cats.append(
-            Category(
-                name=name,
-                description=description,
-                terms=terms,
-                patterns=patterns,
-                examples=examples,
-                semantic_review=review,
-                semantic_block=block,
-                rule_decision=decision,
-                exceptions=_str_list(rc, "exceptions", where, required=False),
-                negative_prompt_terms=_str_list(rc, "negative_prompt_terms", where, required=False),
-                euphemisms=euphemisms,
-                translations=translations,
-                benign_contexts=_benign_contexts(rc, where),
-            )
+    """Validate a decoded policy document (safety/policy_base.PolicySpec); returns (version,
+    categories, image section)."""
+    spec = validate(PolicySpec, data, source)
+    cats = [
+        Category(
+            name=c.name, description=c.description, terms=list(c.terms), patterns=list(c.patterns),
+            examples=list(c.examples), semantic_review=c.semantic_review, semantic_block=c.semantic_block,
+            rule_decision=c.rule_decision, exceptions=list(c.exceptions),
+            negative_prompt_terms=list(c.negative_prompt_terms), euphemisms=list(c.euphemisms),
+            translations={lang: list(terms) for lang, terms in c.translations.items()},
+            benign_contexts=[{"terms": list(b.terms), "words": list(b.words), "window": b.window}
+                             for b in c.benign_contexts],
         )
-    image = data.get("image", {"labels": {}})
-    if not isinstance(image, dict) or not isinstance(image.get("labels", {}), dict):
-        raise PolicyError(f"{source}: 'image' must be an object with a 'labels' object")
-    for label, spec in image.get("labels", {}).items():
-        where = f"{source}: image.labels['{label}']"
-        if not isinstance(spec, dict):
-            raise PolicyError(f"{where} must be an object")
-        cat = _req(spec, "category", str, where)
-        if cat not in seen:
-            raise PolicyError(f"{where}: unknown category {cat!r}")
-        lo = _threshold(spec, {}, "review", where)
-        hi = _threshold(spec, {}, "block", where)
-        if lo > hi:
-            raise PolicyError(f"{where}: review ({lo}) must be <= block ({hi})")
-    return version, cats, image
+        for c in spec.categories
+    ]
+    return spec.version, cats, data.get("image", {"labels": {}})
 
 
 def _build_matchers(cats: list[Category], source: str) -> tuple[TermMatcher, TermMatcher, Lexicon]:

@@ -120,6 +120,20 @@ def test_no_module_imports_itself_through_others():
     assert cycles == []
 
 
+def test_each_stage_is_described_in_one_place_that_the_table_and_the_actions_read():
+    """How a failure reason names a stage ("the image safety check was interrupted 3 times") is
+    written once, below the actions, and the stage table reads the same words."""
+    from jobs import stage_names
+    from jobs.pipeline.stages import STAGES
+
+    for name, stage in STAGES.items():
+        assert stage.describes == stage_names.DESCRIBES.get(name, ""), name
+    sources = [p for p in _project_sources() if p.name != "stage_names.py"]
+    for words in stage_names.DESCRIBES.values():
+        copies = [str(p.relative_to(ROOT)) for p in sources if f'"{words}"' in p.read_text()]
+        assert copies == [], f"{words!r} is written again in {copies}"
+
+
 def test_the_import_layers_hold():
     result = subprocess.run([str(Path(sys.executable).parent / "lint-imports")], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:]

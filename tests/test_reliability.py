@@ -128,7 +128,7 @@ def test_a_failing_classifier_under_load_never_delivers_an_unchecked_image(worke
     assert result["rows_without_bytes"] == 0
 
 
-def test_failing_quarantine_writes_are_retried_while_held_and_never_leave_a_row_without_bytes(alice, tmp_path):
+def test_failing_quarantine_writes_are_retried_boundedly_then_requeued_and_never_leave_a_row_without_bytes(alice, tmp_path):
     result = rel.scenario_storage(alice, tmp_path)
     for case in result["detail"]:
         assert case["status"] == case["expected"], case
@@ -197,7 +197,7 @@ def test_a_redis_restart_mid_run_loses_no_job_and_the_workers_reconnect(transact
             time.sleep(0.05)
         redis_proc.kill()
         redis_proc.wait()
-        time.sleep(1.0)
+        time.sleep(1.0)  # the outage under test: Redis stays away a second (not a synchronisation)
         redis_proc, _ = start(tmp_path / "redis", port=port)
         more = []
         for _ in range(30):

@@ -48,6 +48,16 @@ class Output:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
+    def drain(self) -> None:
+        """Take in every line printed so far."""
+        while True:
+            try:
+                line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            if line is not None:
+                self.seen.append(line)
+
     def until(self, predicate, timeout: float) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -107,8 +117,16 @@ def test_the_block_appears_only_once_ready_and_worker_logs_stay_in_files(tmp_pat
         # The token works.
         mine = httpx.get(f"http://127.0.0.1:{port}/api/v1/jobs", headers={"Authorization": f"Token {token}"}, timeout=10)
         assert mine.status_code == 200
-        time.sleep(3)  # the reaper logs every second here: none of it may reach the terminal
+        # The reaper runs (and logs) every second here: once it has run twice more, none of that
+        # may have reached the terminal.
         logs = tmp_path / "var" / "logs"
+
+        def reaps() -> int:
+            return (logs / "worker-cpu.log").read_text().count("jobs.pipeline.tasks.reap")
+
+        ran = reaps()
+        _wait_for(lambda: reaps() >= ran + 2, 30, "the reaper never ran")
+        out.drain()
         assert {p.name for p in logs.iterdir()} >= {"web.log", "worker-cpu.log", "worker-gpu.log"}
         assert "[tasks]" in (logs / "worker-cpu.log").read_text()  # the banner is there, not on the terminal
         assert "run-info.txt" in {p.name for p in (tmp_path / "var").iterdir()}

@@ -65,8 +65,8 @@ def auth(user) -> dict:
     return {"Authorization": f"Token {user.auth_token.key}"}
 
 
-async def watch_websocket(web, job_id, user, until: float) -> list[dict]:
-    got: list[dict] = []
+async def watch_websocket(web, job_id, user, until: float, got: list[dict] | None = None) -> list[dict]:
+    got = [] if got is None else got
     url = f"{web.ws_url}/ws/jobs/{job_id}/"
     async with websockets.connect(url, origin=web.origin, additional_headers=auth(user), open_timeout=10) as ws:
         while time.monotonic() < until:
@@ -79,8 +79,8 @@ async def watch_websocket(web, job_id, user, until: float) -> list[dict]:
     return got
 
 
-async def watch_sse(web, job_id, user, until: float) -> list[dict]:
-    got: list[dict] = []
+async def watch_sse(web, job_id, user, until: float, got: list[dict] | None = None) -> list[dict]:
+    got = [] if got is None else got
     timeout = httpx.Timeout(10, read=max(1.0, until - time.monotonic()))
     try:
         async with httpx.AsyncClient(timeout=timeout) as http:
@@ -108,14 +108,17 @@ def test_watchers_opened_before_a_redis_restart_get_the_terminal_status(slice_, 
 
     async def scenario():
         until = time.monotonic() + 90
-        watchers = asyncio.gather(watch_websocket(slice_.web, job_id, alice, until), watch_sse(slice_.web, job_id, alice, until))
+        seen_ws: list[dict] = []
+        seen_sse: list[dict] = []
+        watchers = asyncio.gather(watch_websocket(slice_.web, job_id, alice, until, seen_ws),
+                                  watch_sse(slice_.web, job_id, alice, until, seen_sse))
         deadline = time.monotonic() + 60
-        while (await asyncio.to_thread(lambda: GenerationJob.objects.get(id=job_id).status)) != "running":
-            assert time.monotonic() < deadline, "the job never started"
+        # Both watchers are open and have seen the job running: the restart comes mid-run.
+        while not ("running" in statuses(seen_ws) and "running" in statuses(seen_sse)):
+            assert time.monotonic() < deadline, ("the watchers never saw the job running", seen_ws, seen_sse)
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)
         await asyncio.to_thread(slice_.kill_redis)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(1.0)  # the outage under test: Redis stays away a second
         await asyncio.to_thread(slice_.start_again)
         return await watchers
 

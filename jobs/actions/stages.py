@@ -25,12 +25,12 @@ from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
 from jobs.actions.notify import status_on_commit
 from jobs.models import Batch, BatchStage, GenerationJob, JobStatus
+from jobs.stage_names import DESCRIBES
 
 log = logging.getLogger(__name__)
 
 STAGE_SECONDS_KEY = f"{PREFIX}stage-seconds"  # hash: stage -> measured seconds a run takes (EWMA)
 _BATCH_STAGES = (BatchStage.CLASSIFY, BatchStage.PUBLISH)
-_DESCRIBED = {BatchStage.CLASSIFY: "the image safety check", BatchStage.PUBLISH: "publishing the images"}
 
 
 def _lease(now: datetime | None = None) -> datetime:
@@ -150,7 +150,7 @@ def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
     for batch in lost:
         attempts = batch.stage_attempts + 1
         if attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
-            what = _DESCRIBED[BatchStage(batch.stage)]
+            what = DESCRIBES[batch.stage]
             last = f" (last error: {batch.stage_error})" if batch.stage_error else ""
             with transaction.atomic():
                 if Batch.objects.filter(id=batch.id, stage=batch.stage, stage_run=batch.stage_run,

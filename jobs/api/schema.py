@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import re
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
+from drf_spectacular.extensions import (
+    OpenApiAuthenticationExtension,
+    OpenApiSerializerExtension,
+    OpenApiSerializerFieldExtension,
+)
 from drf_spectacular.openapi import AutoSchema
-from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.plumbing import ComponentRegistry, ResolvedComponent
 from rest_framework import serializers
 
 from jobs.models import JobStatus
@@ -40,11 +44,6 @@ WWW_AUTHENTICATE = {
     }
 }
 
-DETAIL_SCHEMA = {
-    "type": "object",
-    "properties": {"detail": {"type": "string", "description": "What went wrong, for a person to read."}},
-    "required": ["detail"],
-}
 FIELD_ERRORS_SCHEMA = {
     "type": "object",
     "description": (
@@ -104,67 +103,7 @@ OPENAI_ERROR_SCHEMA = {
     },
 }
 
-IMAGE_SCHEMA = {
-    "type": "object",
-    "description": "A delivered image. `url` is immutable and needs no auth; seeds are `job.seed + index`.",
-    "properties": {
-        "id": {"type": "string", "format": "uuid"},
-        "index": {"type": "integer"},
-        "seed": {"type": "integer", "format": "int64"},
-        "url": {"type": "string"},
-        "width": {"type": "integer"},
-        "height": {"type": "integer"},
-    },
-    "required": ["id", "index", "seed", "url", "width", "height"],
-}
-PROGRESS_SCHEMA = {
-    "type": "object",
-    "properties": {"step": {"type": "integer"}, "total": {"type": "integer"}},
-    "required": ["step", "total"],
-}
-BATCH_SCHEMA = {
-    "type": "object",
-    "nullable": True,
-    "description": "The GPU pass the job ran in (jobs of the same shape from any user share one); null before it runs.",
-    "properties": {"id": {"type": "string", "format": "uuid"}, "size": {"type": "integer", "description": "images in the pass"}},
-    "required": ["id", "size"],
-}
-
 EVENT_STATUSES = [*JobStatus.values, "deleted"]
-STATUS_EVENT_SCHEMA = {
-    "type": "object",
-    "description": "The job's status changed (sent first, with the current state, then on every change).",
-    "properties": {
-        "type": {"type": "string", "enum": ["status"]},
-        "job": {"type": "string", "format": "uuid"},
-        "status": {"type": "string", "enum": EVENT_STATUSES},
-        "reason": {"type": "string"},
-        "images": {"type": "array", "items": {"$ref": SCHEMA_REF + "JobImage"}, "description": "Only when done."},
-    },
-    "required": ["type", "job", "status", "reason", "images"],
-}
-PROGRESS_EVENT_SCHEMA = {
-    "type": "object",
-    "description": "A denoising step finished.",
-    "properties": {
-        "type": {"type": "string", "enum": ["progress"]},
-        "job": {"type": "string", "format": "uuid"},
-        "step": {"type": "integer"},
-        "total": {"type": "integer"},
-    },
-    "required": ["type", "job", "step", "total"],
-}
-PREVIEW_EVENT_SCHEMA = {
-    "type": "object",
-    "description": "A low-resolution JPEG of the intermediate image, every few steps.",
-    "properties": {
-        "type": {"type": "string", "enum": ["preview"]},
-        "job": {"type": "string", "format": "uuid"},
-        "step": {"type": "integer"},
-        "image": {"type": "string", "description": "A data: URL, `data:image/jpeg;base64,...`."},
-    },
-    "required": ["type", "job", "step", "image"],
-}
 JOB_EVENT_SCHEMA = {
     "oneOf": [
         {"$ref": SCHEMA_REF + "StatusEvent"},
@@ -179,16 +118,6 @@ JOB_EVENT_SCHEMA = {
             "preview": SCHEMA_REF + "PreviewEvent",
         },
     },
-}
-
-SERVER_SENT_EVENT_SCHEMA = {
-    "type": "object",
-    "description": "One server-sent event as framed on the wire; `data` is the JSON text of a JobEvent.",
-    "properties": {
-        "event": {"type": "string", "enum": ["status", "progress", "preview"]},
-        "data": {"type": "string", "description": "JSON: a StatusEvent, ProgressEvent or PreviewEvent (see JobEvent)."},
-    },
-    "required": ["event", "data"],
 }
 
 SSE_DESCRIPTION = """\
@@ -218,19 +147,120 @@ The same events arrive as text frames on the websocket `/ws/jobs/{job_id}/`.
 """
 
 
-READINESS_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "status": {"type": "string", "enum": ["ready", "not ready"]},
-        "checks": {
-            "type": "object",
-            "additionalProperties": {"type": "string"},
-            "description": 'Each part (database, redis, gpu_workers): "ok" or what is wrong.',
-        },
-        "failing": {"type": "array", "items": {"type": "string"}},
-    },
-    "required": ["status", "checks", "failing"],
-}
+# --- components generated from serializers ---------------------------------------------------
+# Each shape the API answers with is a serializer below; drf-spectacular maps it to its component
+# (serializer_components), so no schema is written out by hand. FieldErrors (a map of field ->
+# messages), OpenAIError's example and JobEvent (a oneOf of the event components) stay literal:
+# a serializer cannot state them.
+
+
+class ConstField(serializers.CharField):
+    """A string that is always one of a few values (an event's `type`)."""
+
+    def __init__(self, *values: str, **kwargs):
+        self.values = list(values)
+        super().__init__(**kwargs)
+
+
+class ConstFieldExtension(OpenApiSerializerFieldExtension):
+    target_class = "jobs.api.schema.ConstField"
+
+    def map_serializer_field(self, auto_schema, direction):
+        return {"type": "string", "enum": self.target.values}
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    detail = serializers.CharField(help_text="What went wrong, for a person to read.")
+
+
+class JobImageSerializer(serializers.Serializer):
+    """A delivered image. `url` is immutable and needs no auth; seeds are `job.seed + index`."""
+
+    id = serializers.UUIDField()
+    index = serializers.IntegerField()
+    seed = serializers.IntegerField(max_value=2**63 - 1, min_value=-(2**63))
+    url = serializers.CharField()
+    width = serializers.IntegerField()
+    height = serializers.IntegerField()
+
+
+class ProgressSerializer(serializers.Serializer):
+    step = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+class BatchSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    size = serializers.IntegerField(help_text="images in the pass")
+
+
+class StatusEventSerializer(serializers.Serializer):
+    """The job's status changed (sent first, with the current state, then on every change)."""
+
+    type = ConstField("status")
+    job = serializers.UUIDField()
+    status = ConstField(*EVENT_STATUSES)
+    reason = serializers.CharField(allow_blank=True)
+    images = JobImageSerializer(many=True, help_text="Only when done.")
+
+
+class ProgressEventSerializer(serializers.Serializer):
+    """A denoising step finished."""
+
+    type = ConstField("progress")
+    job = serializers.UUIDField()
+    step = serializers.IntegerField()
+    total = serializers.IntegerField()
+
+
+class PreviewEventSerializer(serializers.Serializer):
+    """A low-resolution JPEG of the intermediate image, every few steps."""
+
+    type = ConstField("preview")
+    job = serializers.UUIDField()
+    step = serializers.IntegerField()
+    image = serializers.CharField(help_text="A data: URL, `data:image/jpeg;base64,...`.")
+
+
+class ServerSentEventSerializer(serializers.Serializer):
+    """One server-sent event as framed on the wire; `data` is the JSON text of a JobEvent."""
+
+    event = ConstField("status", "progress", "preview")
+    data = serializers.CharField(help_text="JSON: a StatusEvent, ProgressEvent or PreviewEvent (see JobEvent).")  # type: ignore[assignment]
+
+
+class ReadinessSerializer(serializers.Serializer):
+    status = ConstField("ready", "not ready")
+    checks = serializers.DictField(child=serializers.CharField(),
+                                   help_text='Each part (database, redis, gpu_workers): "ok" or what is wrong.')
+    failing = serializers.ListField(child=serializers.CharField())
+
+
+def _inspector(registry: ComponentRegistry | None = None) -> AutoSchema:
+    """An AutoSchema outside any operation, to map documentation serializers."""
+    from rest_framework.views import APIView
+
+    auto = AutoSchema()
+    auto.registry = registry or ComponentRegistry()
+    auto.method, auto.path = "GET", "/"
+    view = APIView()
+    view.request = None  # type: ignore[assignment]  # no request: the schema of a shape, not of a call
+    view.format_kwarg = None
+    auto.view = view
+    return auto
+
+
+def serializer_components(*serializer_classes) -> dict[str, dict]:
+    """The components drf-spectacular makes of these serializers (and those they nest)."""
+    auto = _inspector()
+    for serializer_class in serializer_classes:
+        auto.resolve_serializer(serializer_class, "response")
+    return auto.registry.build({}).get("schemas", {})
+
+
+def inline(serializer_class, **extra) -> dict:
+    """A serializer's schema, inline (not a component)."""
+    return {**_inspector()._map_serializer(serializer_class(), "response"), **extra}
 
 
 def _register(auto_schema, name: str, schema: dict) -> dict:
@@ -292,9 +322,9 @@ class JobSerializerExtension(OpenApiSerializerExtension):
     def map_serializer(self, auto_schema, direction):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
         props = schema.get("properties", {})
-        image_ref = _register(auto_schema, "JobImage", IMAGE_SCHEMA)
+        image_ref = auto_schema.resolve_serializer(JobImageSerializer, direction).ref
         if "progress" in props:
-            props["progress"] = {**PROGRESS_SCHEMA, "readOnly": True, "description": "Steps done of the total."}
+            props["progress"] = inline(ProgressSerializer, readOnly=True, description="Steps done of the total.")
         if "images" in props:
             props["images"] = {
                 "type": "array",
@@ -303,7 +333,8 @@ class JobSerializerExtension(OpenApiSerializerExtension):
                 "description": "The delivered images; empty until the job is done.",
             }
         if "batch" in props:
-            props["batch"] = {**BATCH_SCHEMA, "readOnly": True}
+            props["batch"] = inline(BatchSerializer, nullable=True, readOnly=True, description=(
+                "The GPU pass the job ran in (jobs of the same shape from any user share one); null before it runs."))
         if "status" in props:
             props["status"].setdefault(
                 "description",
@@ -385,7 +416,7 @@ class ImagegenAutoSchema(AutoSchema):
     def _get_response_bodies(self, direction="response"):
         responses = super()._get_response_bodies(direction)
         # Shared components the error answers point at.
-        _register(self, "ErrorDetail", DETAIL_SCHEMA)
+        self.resolve_serializer(ErrorDetailSerializer, direction)
         _register(self, "FieldErrors", FIELD_ERRORS_SCHEMA)
         _register(self, "OpenAIError", OPENAI_ERROR_SCHEMA)
         defaults = self._error_responses()
@@ -567,17 +598,10 @@ def document_plain_views(result, generator, request, public):
         if path in routes and path not in paths:
             paths[path] = item
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
-    for name, schema in (
-        ("ErrorDetail", DETAIL_SCHEMA),
-        ("JobImage", IMAGE_SCHEMA),
-        ("StatusEvent", STATUS_EVENT_SCHEMA),
-        ("ProgressEvent", PROGRESS_EVENT_SCHEMA),
-        ("PreviewEvent", PREVIEW_EVENT_SCHEMA),
-        ("JobEvent", JOB_EVENT_SCHEMA),
-        ("ServerSentEvent", SERVER_SENT_EVENT_SCHEMA),
-        ("OpenAIError", OPENAI_ERROR_SCHEMA),
-        *((("Readiness", READINESS_SCHEMA),) if "/readyz" in paths else ()),
-    ):
+    documented = [ErrorDetailSerializer, JobImageSerializer, StatusEventSerializer, ProgressEventSerializer,
+                  PreviewEventSerializer, ServerSentEventSerializer, *([ReadinessSerializer] if "/readyz" in paths else [])]
+    for name, schema in [*serializer_components(*documented).items(), ("JobEvent", JOB_EVENT_SCHEMA),
+                         ("OpenAIError", OPENAI_ERROR_SCHEMA)]:
         schemas.setdefault(name, schema)
     result["components"]["schemas"] = dict(sorted(schemas.items()))
     security = result["components"].setdefault("securitySchemes", {})

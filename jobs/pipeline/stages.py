@@ -31,6 +31,8 @@ from celery import current_app
 from django.conf import settings
 from django.db import connection
 
+from jobs.stage_names import DESCRIBES
+
 log = logging.getLogger(__name__)
 
 
@@ -43,12 +45,16 @@ class Stage:
     by_lane: bool = False  # the queue is the lane's own: the task's first argument is the lane
     leased: bool = False  # a batch stage with a lease in the Batch row
     retry_setting: str | None = None  # how long (seconds, real time) transient storage errors are retried
-    describes: str = ""  # how a failure reason names it
 
     @property
     def queue(self) -> str:
         value = getattr(settings, self.queue_setting)
         return value + "{lane}" if self.by_lane else value
+
+    @property
+    def describes(self) -> str:
+        """How a failure reason names it (jobs/stage_names.py)."""
+        return DESCRIBES.get(self.name, "")
 
     @property
     def retry_for(self) -> float:
@@ -59,12 +65,11 @@ STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
         Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate"),
-        Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
-              describes="generation"),
+        Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
-              retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check"),
+              retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS"),
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
-              retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images"),
+              retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS"),
         Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS"),
     )
 }
