@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
 
 from imagegen import signing_credentials
 from imagegen.env import (
+    ImproperlyConfiguredEnv,
     env_bool,
     env_caps,
     env_choice,
@@ -318,6 +320,16 @@ IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
 # signed-in user (all their tokens and sessions) and per client IP; "off" disables one.
 IMAGEGEN_THROTTLE_USER = env_rate("IMAGEGEN_THROTTLE_USER", "120/min")
 IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
+# /metrics (and /readyz's details): a bearer token, and/or peer addresses (CIDRs) let in without
+# it; the embedded default is open on loopback only. The database gauges are cached per process.
+IMAGEGEN_METRICS_TOKEN = env_str("IMAGEGEN_METRICS_TOKEN", "")
+IMAGEGEN_METRICS_ALLOW = env_list("IMAGEGEN_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"] if EMBEDDED else [])
+for _net in IMAGEGEN_METRICS_ALLOW:
+    try:
+        ipaddress.ip_network(_net, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfiguredEnv(f"IMAGEGEN_METRICS_ALLOW: {_net!r} is not an address or CIDR") from _exc
+IMAGEGEN_METRICS_CACHE_SECONDS = env_float("IMAGEGEN_METRICS_CACHE_SECONDS", 5.0)
 # Proxies in front of the web processes that append to X-Forwarded-For (0: use the peer address).
 IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
 # Sign-in: failures per account and per IP within the window, then locked until it slides.
