@@ -462,6 +462,8 @@ IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
 
 # --- integration: idempotent submits, signed webhooks (jobs/api/idempotency.py, jobs/webhooks/delivery.py) ---
 IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
+# a key reserved this long without a job was left by a process that died mid-submit: taken over
+IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS = env_float("IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS", 30.0)
 # `Prefer: wait=N` on a submit waits at most this long for the job to end (jobs/api/prefer.py): the
 # wait holds a web thread, so it suits few-step models whose jobs end in about a second.
 IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
