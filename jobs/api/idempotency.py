@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
@@ -52,8 +52,8 @@ class Claim:
     """A reserved key: `job` set when the key was already used (replay); else remember() the
     new job, or release() on failure."""
     row_id: int
+    reserved_at: datetime  # the row's created_at as this claim wrote (or found) it
     job: object | None = None
-    reserved_at: object | None = None  # the row's created_at as this claim wrote it
 
 
 def body_digest(data) -> str:
@@ -79,7 +79,7 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
         try:
             with transaction.atomic():
                 made = IdempotencyKey.objects.create(user=user, scope=scope, key=key, body_sha256=digest)
-            return Claim(made.id, reserved_at=made.created_at)
+            return Claim(made.id, made.created_at)
         except IntegrityError:
             pass
         row = IdempotencyKey.objects.filter(user=user, scope=scope, key=key).select_related("job").first()
@@ -89,12 +89,12 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
             raise IdempotencyError(422, f"this {HEADER} was already used with a different request body; "
                                    "use a new key for a new request")
         if row.job is not None:
-            return Claim(row.id, row.job)
+            return Claim(row.id, row.created_at, row.job)
         abandoned = timezone.now() - timedelta(seconds=settings.IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS)
         if row.created_at < abandoned:
             now = timezone.now()
             if IdempotencyKey.objects.filter(id=row.id, job=None, created_at=row.created_at).update(created_at=now):
-                return Claim(row.id, reserved_at=now)
+                return Claim(row.id, now)
             continue  # another request took it over, or the job arrived: look again
         if time.monotonic() > deadline:
             raise IdempotencyError(409, f"a request with this {HEADER} is still being processed; retry shortly")
