@@ -125,7 +125,15 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("IMAGEGEN_DB_CONNECT_TIMEOUT", 5))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
+# Django's validators: the admin's password forms and `changepassword` refuse short, common,
+# all-digit passwords and ones close to the user's name.
+AUTH_PASSWORD_VALIDATORS: list[dict] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("IMAGEGEN_PASSWORD_MIN_LENGTH", 10)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -332,9 +340,12 @@ for _net in IMAGEGEN_METRICS_ALLOW:
 IMAGEGEN_METRICS_CACHE_SECONDS = env_float("IMAGEGEN_METRICS_CACHE_SECONDS", 5.0)
 # Proxies in front of the web processes that append to X-Forwarded-For (0: use the peer address).
 IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
-# Sign-in: failures per account and per IP within the window, then locked until it slides.
+# Sign-in (jobs/access/signin.py): failures per (account, address) and per address within the
+# window, then locked until it slides; past as many failures on an account from anywhere, each
+# attempt on it waits a doubling delay of at most IMAGEGEN_SIGNIN_MAX_DELAY seconds.
 IMAGEGEN_SIGNIN_MAX_FAILURES = env_int("IMAGEGEN_SIGNIN_MAX_FAILURES", 10)
 IMAGEGEN_SIGNIN_WINDOW_SECONDS = env_float("IMAGEGEN_SIGNIN_WINDOW_SECONDS", 900.0)
+IMAGEGEN_SIGNIN_MAX_DELAY = env_float("IMAGEGEN_SIGNIN_MAX_DELAY", 30.0)
 # Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
 IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
 
