@@ -148,13 +148,17 @@ def _bearer(request) -> str:
 
 def operator_access(request) -> bool:
     """The caller may read /metrics and /readyz's details: `Authorization: Bearer
-    <IMAGEGEN_METRICS_TOKEN>`, or a peer address in IMAGEGEN_METRICS_ALLOW (CIDRs)."""
+    <IMAGEGEN_METRICS_TOKEN>`, or a client address in IMAGEGEN_METRICS_ALLOW (CIDRs). The
+    address is the throttles' (X-Forwarded-For through IMAGEGEN_NUM_PROXIES proxies), not
+    uvicorn's: `--forwarded-allow-ips "*"` takes the leftmost entry, which a client can write."""
+    from rest_framework.throttling import BaseThrottle
+
     token = settings.IMAGEGEN_METRICS_TOKEN
     given = _bearer(request)
     if token and given and hmac.compare_digest(given.encode(), token.encode()):
         return True
     try:
-        peer = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+        peer = ipaddress.ip_address(BaseThrottle().get_ident(request) or "")
     except ValueError:
         return False
     return any(peer in ipaddress.ip_network(net, strict=False) for net in settings.IMAGEGEN_METRICS_ALLOW)
