@@ -22,20 +22,19 @@ django_asgi_app = get_asgi_application()
 
 from asgiref.sync import iscoroutinefunction  # noqa: E402
 from channels.routing import URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.urls import Resolver404, get_resolver  # noqa: E402
 
 from imagegen.threaded_http import ThreadedWSGI  # noqa: E402
 from jobs.api.client_gone import ClientGone  # noqa: E402
-from jobs.realtime.auth import TokenOrSessionAuthMiddleware  # noqa: E402
+from jobs.realtime.auth import OriginOrTokenScript, TokenOrSessionAuthMiddleware  # noqa: E402
 from jobs.realtime.routing import websocket_urlpatterns  # noqa: E402
 
 # Async views (the OpenAI-compatible wait, SSE) run on the event loop; ClientGone tells a waiting
 # view its client has left (Django cannot cancel it past the sync-only WhiteNoise middleware).
 async_http_app = ClientGone(django_asgi_app)
-websocket_app = AllowedHostsOriginValidator(TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns)))
+websocket_app = OriginOrTokenScript(TokenOrSessionAuthMiddleware(URLRouter(websocket_urlpatterns)))
 # Django refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE itself; never buffer more than that,
 # on any route (BodyCap below), before any view or authentication runs.
 MAX_BODY = (settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 10 * 1024 * 1024) + 64 * 1024
