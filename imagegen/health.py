@@ -1,10 +1,14 @@
-"""/healthz: the process is up. /readyz: the database, Redis and at least one live GPU worker."""
+"""/healthz: the process is up. /readyz: the database, Redis and at least one live GPU worker;
+anonymous callers learn only ready or not, staff and operators (imagegen.metrics_view.operator_access)
+which part fails."""
 
 from __future__ import annotations
 
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
+
+from imagegen.metrics_view import operator_access
 
 
 def healthz(request):
@@ -47,5 +51,8 @@ def readyz(request):
         checks["image_gate"] = "unknown: redis is unavailable"
         checks["model"] = "unknown: redis is unavailable"
     failing = [part for part, state in checks.items() if state != "ok"]
-    body = {"status": "ready" if not failing else "not ready", "checks": checks, "failing": failing}
+    body: dict = {"status": "ready" if not failing else "not ready"}
+    user = getattr(request, "user", None)
+    if (user is not None and user.is_staff) or operator_access(request):
+        body.update(checks=checks, failing=failing)
     return JsonResponse(body, status=200 if not failing else 503)

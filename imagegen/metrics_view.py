@@ -3,12 +3,15 @@ gauges (queue, workers, review queue, jobs in each status, stored bytes, views).
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
+import threading
 import time
 
 from django.conf import settings
 from django.db.models import Count, Sum
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -24,7 +27,7 @@ class ImagegenCollector:
         yield from self._counters()
         yield from self._histograms()
         yield from self._queue()
-        yield from self._database()
+        yield from _cached_database(self._database)
 
     def _counters(self):
         from jobs.media.cache import stats
@@ -122,8 +125,51 @@ class ImagegenCollector:
 
 HELP = metrics.HELP
 
+# The database gauges are full-table aggregates: computed at most once per
+# IMAGEGEN_METRICS_CACHE_SECONDS per process, whoever scrapes. Counters and the queue (Redis) stay live.
+_cache_lock = threading.Lock()
+_cache: dict = {"at": -1e18, "families": []}
+
+
+def _cached_database(compute):
+    ttl = settings.IMAGEGEN_METRICS_CACHE_SECONDS
+    with _cache_lock:
+        if ttl <= 0 or time.monotonic() - _cache["at"] >= ttl:
+            _cache["families"] = list(compute())
+            _cache["at"] = time.monotonic()
+        return list(_cache["families"])
+
+
+def _bearer(request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
+
+
+def operator_access(request) -> bool:
+    """The caller may read /metrics and /readyz's details: `Authorization: Bearer
+    <IMAGEGEN_METRICS_TOKEN>`, or a client address in IMAGEGEN_METRICS_ALLOW (CIDRs). The
+    address is the throttles' (X-Forwarded-For through IMAGEGEN_NUM_PROXIES proxies), not
+    uvicorn's: `--forwarded-allow-ips "*"` takes the leftmost entry, which a client can write."""
+    from rest_framework.throttling import BaseThrottle
+
+    token = settings.IMAGEGEN_METRICS_TOKEN
+    given = _bearer(request)
+    if token and given and hmac.compare_digest(given.encode(), token.encode()):
+        return True
+    try:
+        peer = ipaddress.ip_address(BaseThrottle().get_ident(request) or "")
+    except ValueError:
+        return False
+    return any(peer in ipaddress.ip_network(net, strict=False) for net in settings.IMAGEGEN_METRICS_ALLOW)
+
 
 def metrics_view(request):
+    if not operator_access(request):
+        response = JsonResponse({"detail": "/metrics needs Authorization: Bearer <IMAGEGEN_METRICS_TOKEN> "
+                                           "or an address in IMAGEGEN_METRICS_ALLOW."}, status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ImagegenCollector())
     started = time.monotonic()

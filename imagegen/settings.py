@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 
 import dj_database_url
 
 from imagegen import signing_credentials
 from imagegen.env import (
+    ImproperlyConfiguredEnv,
     env_bool,
     env_caps,
     env_choice,
@@ -123,7 +125,15 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("IMAGEGEN_DB_CONNECT_TIMEOUT", 5))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-AUTH_PASSWORD_VALIDATORS: list[dict] = []
+# Django's validators: the admin's password forms and `changepassword` refuse short, common,
+# all-digit passwords and ones close to the user's name.
+AUTH_PASSWORD_VALIDATORS: list[dict] = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+     "OPTIONS": {"min_length": env_int("IMAGEGEN_PASSWORD_MIN_LENGTH", 10)}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
@@ -318,11 +328,24 @@ IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
 # signed-in user (all their tokens and sessions) and per client IP; "off" disables one.
 IMAGEGEN_THROTTLE_USER = env_rate("IMAGEGEN_THROTTLE_USER", "120/min")
 IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
+# /metrics (and /readyz's details): a bearer token, and/or peer addresses (CIDRs) let in without
+# it; the embedded default is open on loopback only. The database gauges are cached per process.
+IMAGEGEN_METRICS_TOKEN = env_str("IMAGEGEN_METRICS_TOKEN", "")
+IMAGEGEN_METRICS_ALLOW = env_list("IMAGEGEN_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"] if EMBEDDED else [])
+for _net in IMAGEGEN_METRICS_ALLOW:
+    try:
+        ipaddress.ip_network(_net, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfiguredEnv(f"IMAGEGEN_METRICS_ALLOW: {_net!r} is not an address or CIDR") from _exc
+IMAGEGEN_METRICS_CACHE_SECONDS = env_float("IMAGEGEN_METRICS_CACHE_SECONDS", 5.0)
 # Proxies in front of the web processes that append to X-Forwarded-For (0: use the peer address).
 IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
-# Sign-in: failures per account and per IP within the window, then locked until it slides.
+# Sign-in (jobs/access/signin.py): failures per (account, address) and per address within the
+# window, then locked until it slides; past as many failures on an account from anywhere, each
+# attempt on it waits a doubling delay of at most IMAGEGEN_SIGNIN_MAX_DELAY seconds.
 IMAGEGEN_SIGNIN_MAX_FAILURES = env_int("IMAGEGEN_SIGNIN_MAX_FAILURES", 10)
 IMAGEGEN_SIGNIN_WINDOW_SECONDS = env_float("IMAGEGEN_SIGNIN_WINDOW_SECONDS", 900.0)
+IMAGEGEN_SIGNIN_MAX_DELAY = env_float("IMAGEGEN_SIGNIN_MAX_DELAY", 30.0)
 # Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
 IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
 
@@ -450,10 +473,14 @@ IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
 
 # --- integration: idempotent submits, signed webhooks (jobs/api/idempotency.py, jobs/webhooks/delivery.py) ---
 IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
+# a key reserved this long without a job was left by a process that died mid-submit: taken over
+IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS = env_float("IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS", 30.0)
 # `Prefer: wait=N` on a submit waits at most this long for the job to end (jobs/api/prefer.py): the
 # wait holds a web thread, so it suits few-step models whose jobs end in about a second.
 IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
 IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
+# seconds a webhook_url's host may take to resolve (on a pool of its own, not the request thread)
+IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT", 2.0)
 IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
 IMAGEGEN_WEBHOOK_BACKOFF = env_float("IMAGEGEN_WEBHOOK_BACKOFF", 10.0)  # seconds before the first retry; doubles, at most 1 h
 IMAGEGEN_WEBHOOK_RETRY_HOURS = env_float("IMAGEGEN_WEBHOOK_RETRY_HOURS", 24.0)  # then a delivery is given up

@@ -26,6 +26,8 @@ urlpatterns = [
     path("api/v1/jobs", views.JobListCreate.as_view(), name="job-list"),
     path("api/v1/queue", views.QueueView.as_view(), name="queue"),
     path("api/v1/account", account_views.AccountView.as_view(), name="account"),
+    path("api/v1/account/tokens", account_views.TokenList.as_view(), name="account-tokens"),
+    path("api/v1/account/tokens/<int:token_id>", account_views.TokenRevoke.as_view(), name="account-token"),
     path("api/v1/account/webhook-secret", account_views.WebhookSecretRotate.as_view(), name="account-webhook-secret"),
     # GET as jobs.api.views.JobDetail, plus DELETE (owner; images purged).
     path("api/v1/jobs/<uuid:job_id>", delete_views.JobDetailDelete.as_view(), name="job-detail"),

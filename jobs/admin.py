@@ -1,7 +1,7 @@
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from jobs.models import Batch, GeneratedImage, GenerationJob, WebhookDelivery
+from jobs.models import ApiToken, Batch, GeneratedImage, GenerationJob, WebhookDelivery
 
 
 @admin.register(GenerationJob)
@@ -66,3 +66,24 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
 
 
 from jobs import review_admin  # noqa: E402,F401  (the moderators' review queue)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """API tokens with their last use; deleting one revokes it at once. New tokens come from
+    `manage.py issue_token` or POST /api/v1/account/tokens (the token is shown once, there)."""
+
+    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "expires_at")
+    list_filter = ("created_at", "last_used_at")
+    search_fields = ("prefix", "name", "user__username")
+    readonly_fields = ("user", "prefix", "digest", "created_at", "last_used_at")
+    fields = ("user", "name", "prefix", "digest", "created_at", "last_used_at", "expires_at")
+    actions = ["revoke"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    @admin.action(description="Revoke the selected tokens")
+    def revoke(self, request, queryset):
+        count = queryset.delete()[0]
+        self.message_user(request, f"{count} token(s) revoked.", messages.SUCCESS)

@@ -241,6 +241,7 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="refused from then on; empty: never expires")
 
     class Meta:
         ordering = ["-created_at"]

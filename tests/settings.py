@@ -35,6 +35,7 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_CLASSIFIER_TIMEOUT", "2")
     os.environ.setdefault("IMAGEGEN_CDN_PURGE_HOOK", "tests.fake_classifiers:record_purge")
     os.environ.setdefault("IMAGEGEN_DEFAULT_STEPS", "4")
+    os.environ.setdefault("IMAGEGEN_METRICS_CACHE_SECONDS", "0")  # scrapes see each test's rows at once
     os.environ.setdefault("IMAGEGEN_FILL_WAIT", "0.3")
     os.environ.setdefault("IMAGEGEN_BATCH_CAP", "4")
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")

@@ -107,7 +107,8 @@ def test_another_user_anonymous_and_a_foreign_origin_are_refused_at_connect(alic
         assert await refused(ORIGIN)
         assert await refused(ORIGIN, (b"authorization", b"Token not-a-token"))
         assert await refused((b"origin", b"https://evil.example"), token_header(alice))
-        assert await refused(token_header(alice))  # no Origin at all
+        assert not await refused(token_header(alice))  # no Origin, a token: a script (issue 28)
+        assert await refused()  # no Origin, no token
         assert not await refused(ORIGIN, token_header(alice))
 
     async_to_sync(scenario)()

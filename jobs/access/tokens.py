@@ -38,12 +38,21 @@ def prefix_of(token: str) -> str:
     return token[:PREFIX_LEN]
 
 
-def issue(user, name: str = "") -> str:
+def issue(user, name: str = "", expires_at=None) -> str:
     """A new token for the user; the caller shows it once (only its hash is stored)."""
+    return issue_row(user, name, expires_at)[0]
+
+
+def issue_row(user, name: str = "", expires_at=None) -> tuple[str, ApiToken]:
     prefix = secrets.token_hex(PREFIX_LEN // 2)
     token = f"ig_{prefix}_{secrets.token_urlsafe(32)}"
-    ApiToken.objects.create(user=user, prefix=prefix, digest=digest(token), name=name[:100])
-    return token
+    row = ApiToken.objects.create(user=user, prefix=prefix, digest=digest(token), name=name[:100], expires_at=expires_at)
+    return token, row
+
+
+def revoke(user, token_id: int) -> bool:
+    """Delete one of the user's tokens; False when it is not theirs (or gone)."""
+    return ApiToken.objects.filter(user=user, id=token_id).delete()[0] > 0
 
 
 def revoke_all(user) -> int:
@@ -58,6 +67,8 @@ def find(token: str) -> ApiToken | None:
     for row in ApiToken.objects.select_related("user").filter(prefix=prefix_of(token)):
         if hmac.compare_digest(row.digest, wanted):
             now = timezone.now()
+            if row.expires_at is not None and row.expires_at <= now:
+                return None
             if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
                 ApiToken.objects.filter(id=row.id).update(last_used_at=now)
             return row

@@ -1,15 +1,21 @@
-"""The caller's account: the webhook signing secret (jobs/webhooks/delivery.py) and the per-tier usage
-against the limits (jobs/access/usage.py)."""
+"""The caller's account: the webhook signing secret (jobs/webhooks/delivery.py), the per-tier usage
+against the limits (jobs/access/usage.py), and the caller's API tokens (list, issue with an
+optional expiry, revoke one: jobs/access/tokens.py)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
+from django.http import Http404
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_view
-from rest_framework import serializers
+from rest_framework import serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from jobs.access import usage
+from jobs.access import tokens, usage
+from jobs.models import ApiToken
 from jobs.webhooks import delivery as webhooks
 
 
@@ -65,3 +71,53 @@ class AccountView(APIView):
 class WebhookSecretRotate(APIView):
     def post(self, request):
         return Response({"webhook_secret": webhooks.rotate_secret(request.user)})
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "prefix", "name", "created_at", "last_used_at", "expires_at"]
+        read_only_fields = fields
+
+
+class TokenIssueSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False, allow_null=True,
+                                               help_text="The token is refused after this many days; omit for none.")
+
+
+class IssuedTokenSerializer(TokenSerializer):
+    token = serializers.CharField(help_text="The token itself: shown once, stored only as a hash.")
+
+    class Meta(TokenSerializer.Meta):
+        fields = [*TokenSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+@extend_schema_view(
+    get=extend_schema(operation_id="account_tokens_list", summary="Your API tokens (never the tokens themselves)",
+                      responses={200: TokenSerializer(many=True)}),
+    post=extend_schema(operation_id="account_tokens_issue", summary="Issue a new API token, optionally expiring",
+                       request=TokenIssueSerializer, responses={201: IssuedTokenSerializer}),
+)
+class TokenList(APIView):
+    def get(self, request):
+        rows = ApiToken.objects.filter(user=request.user).order_by("-created_at")
+        return Response(TokenSerializer(rows, many=True).data)
+
+    def post(self, request):
+        given = TokenIssueSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        days = given.validated_data.get("expires_in_days")
+        expires_at = timezone.now() + timedelta(days=days) if days else None
+        token, row = tokens.issue_row(request.user, given.validated_data["name"], expires_at)
+        return Response({**TokenSerializer(row).data, "token": token}, status=status.HTTP_201_CREATED)
+
+
+@extend_schema_view(delete=extend_schema(operation_id="account_tokens_revoke", summary="Revoke one of your API tokens",
+                                         responses={204: None}))
+class TokenRevoke(APIView):
+    def delete(self, request, token_id: int):
+        if not tokens.revoke(request.user, token_id):
+            raise Http404  # not the caller's (or already revoked): the same answer either way
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -5,7 +5,10 @@ IMAGEGEN_IDEMPOTENCY_HOURS answer with the job the first request made (200 on th
 route, not a second job); the same key with a different body answers 422 naming the header.
 Keys are per user and per route. The key is reserved (a row with no job yet) before the
 submit, so two identical requests sent at once make one job: the second waits for the first
-(at most WAIT_SECONDS, then 409). A refused or failed submit releases the key.
+(at most WAIT_SECONDS, then 409). A refused or failed submit releases the key. A reservation
+still without a job after IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS was left by a web process that
+died mid-submit (a submit takes well under a second): the next request with the key takes it
+over (a conditional update, so only one does) instead of answering 409 until the key expires.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
@@ -49,6 +52,7 @@ class Claim:
     """A reserved key: `job` set when the key was already used (replay); else remember() the
     new job, or release() on failure."""
     row_id: int
+    reserved_at: datetime  # the row's created_at as this claim wrote (or found) it
     job: object | None = None
 
 
@@ -75,7 +79,7 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
         try:
             with transaction.atomic():
                 made = IdempotencyKey.objects.create(user=user, scope=scope, key=key, body_sha256=digest)
-            return Claim(made.id)
+            return Claim(made.id, made.created_at)
         except IntegrityError:
             pass
         row = IdempotencyKey.objects.filter(user=user, scope=scope, key=key).select_related("job").first()
@@ -85,7 +89,13 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
             raise IdempotencyError(422, f"this {HEADER} was already used with a different request body; "
                                    "use a new key for a new request")
         if row.job is not None:
-            return Claim(row.id, row.job)
+            return Claim(row.id, row.created_at, row.job)
+        abandoned = timezone.now() - timedelta(seconds=settings.IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS)
+        if row.created_at < abandoned:
+            now = timezone.now()
+            if IdempotencyKey.objects.filter(id=row.id, job=None, created_at=row.created_at).update(created_at=now):
+                return Claim(row.id, now)
+            continue  # another request took it over, or the job arrived: look again
         if time.monotonic() > deadline:
             raise IdempotencyError(409, f"a request with this {HEADER} is still being processed; retry shortly")
         time.sleep(0.05)
@@ -94,13 +104,14 @@ def claim(user, scope: str, key: str, digest: str) -> Claim:
 def remember(claimed: Claim, job) -> None:
     from jobs.models import IdempotencyKey
 
-    IdempotencyKey.objects.filter(id=claimed.row_id).update(job=job)
+    # Only while the reservation is still this claim's (not taken over as abandoned).
+    IdempotencyKey.objects.filter(id=claimed.row_id, job=None, created_at=claimed.reserved_at).update(job=job)
 
 
 def release(claimed: Claim) -> None:
     from jobs.models import IdempotencyKey
 
-    IdempotencyKey.objects.filter(id=claimed.row_id, job=None).delete()
+    IdempotencyKey.objects.filter(id=claimed.row_id, job=None, created_at=claimed.reserved_at).delete()
 
 
 @shared_task(name="jobs.api.idempotency.expire")

@@ -2,7 +2,8 @@
 
 Refusals of who may watch happen at the handshake (the consumer closes before accepting, which
 the server turns into HTTP 403): not the owner, not signed in, or (through
-AllowedHostsOriginValidator in imagegen/asgi.py) an Origin that is not an allowed host. A
+jobs.realtime.auth.OriginOrTokenScript in imagegen/asgi.py) an Origin that is not an allowed
+host; a script sending a token and no Origin is let through to the token check. A
 stream that may not start now is accepted, sent one `{"type": "error", "detail", "limit",
 "retry_after"}` frame and closed with a code the client can act on: 4429 past the user's
 open-stream cap (IMAGEGEN_USER_MAX_STREAMS), 4503 when Redis is unavailable (the websocket

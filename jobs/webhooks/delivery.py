@@ -40,6 +40,8 @@ import socket
 import ssl
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
@@ -107,14 +109,62 @@ def _is_loopback_literal(host: str) -> bool:
         return False
 
 
+# IPv6 prefixes that carry an IPv4 address a gateway or relay forwards to: a public-looking v6
+# address in them can reach a private v4 one (64:ff9b::10.0.0.1), so they are refused outright;
+# the message names the IPv4 they embed where it can be read.
+_TRANSLATED = [
+    ipaddress.ip_network("64:ff9b::/96"),  # NAT64, well-known prefix (RFC 6052)
+    ipaddress.ip_network("64:ff9b:1::/48"),  # NAT64, local use (RFC 8215)
+    ipaddress.ip_network("2002::/16"),  # 6to4 (RFC 3056)
+    ipaddress.ip_network("2001::/32"),  # Teredo (RFC 4380)
+]
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if ip in _TRANSLATED[0]:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def _refusal(address: str) -> str | None:
+    """Why this resolved address may not be a target (outside the embedded setup), or None."""
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(ip)
+        if any(ip in net for net in _TRANSLATED):
+            carried = f" (it carries the IPv4 address {inner})" if inner is not None else ""
+            return f"{address} is a NAT64, 6to4 or Teredo address{carried}"
+        if inner is not None and not _public(str(inner)):
+            return f"{address} maps the private or reserved IPv4 address {inner}"
+    if not _public(address):
+        return f"{address}, a private or reserved address"
+    return None
+
+
 def _public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     return ip.is_global and not ip.is_multicast
 
 
+_resolver = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
+
+
 def _resolve(host: str, port: int) -> list[str]:
+    """The host's addresses, looked up on a small pool of its own: a resolver that hangs costs
+    the caller (a request thread) at most IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT seconds."""
+    timeout = settings.IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT
+    future = _resolver.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = future.result(timeout=timeout)
+    except FutureTimeout:
+        future.cancel()
+        raise WebhookURLError(f"the host {host!r} did not resolve within {timeout:g} s") from None
     except OSError as exc:
         raise WebhookURLError(f"the host {host!r} does not resolve ({exc})") from None
     return sorted({str(info[4][0]) for info in infos})
@@ -126,8 +176,9 @@ def _check_addresses(host: str, addresses: list[str], scheme: str) -> None:
         ip = ipaddress.ip_address(address)
         if scheme == "http" and not ip.is_loopback:
             raise WebhookURLError("http is allowed only to a loopback address (and only when embedded); use https")
-        if not embedded and not _public(address):
-            raise WebhookURLError(f"{host!r} resolves to {address}, a private or reserved address")
+        refusal = None if embedded else _refusal(address)
+        if refusal:
+            raise WebhookURLError(f"{host!r} resolves to {refusal}")
 
 
 def _parts(url: str) -> tuple[str, str, int, str]:
