@@ -2,7 +2,8 @@
 reuses the stored image instead of spending the GPU again.
 
 Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
-guidance, scheduler, per-image seed, safety policy version, the image gate's identity), with the
+guidance, scheduler, per-image seed, the prompt gate's identity (the whole policy file, the
+embedder and head: safety.policy_version.policy_identity), the image gate's identity), with the
 owner in the key for the per-user scope. The gate's identity in the key is the one that judged
 the image (recorded on its verdict), and a lookup uses the gate configured now, so an image
 judged by another classifier, or by none, is never served. Value: the id of a stored image. An
@@ -36,7 +37,7 @@ from django.conf import settings
 
 from imagegen.redis_client import PREFIX, get_redis
 from safety.gate_identity import gate_identity, is_unchecked
-from safety.policy_version import policy_version
+from safety.policy_version import policy_identity
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def request_key(job, index: int, owner_id=None, shared: bool = False, classifier
         "guidance": round(float(job.guidance_scale), 4),
         "scheduler": job.scheduler,
         "seed": int(job.seed) + index,
-        "policy": policy_version(),
+        "policy": policy_identity(),
         "gate": classifier if classifier is not None else gate_identity(),
     }
     if not shared:
