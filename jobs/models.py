@@ -308,3 +308,24 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.status} of {self.job_id} to {self.url}"
+
+
+class PendingUnpublish(models.Model):
+    """The outbox of take-downs: written in the take-down's transaction, deleted once the public
+    object is gone (and its URLs purged from the CDN). Retried with backoff until then
+    (jobs.pipeline.retention.run_unpublish), so a storage error never leaves a taken-down image
+    public."""
+
+    storage_key = models.CharField(max_length=300, db_index=True)
+    keep_private_copy = models.BooleanField(default=True)
+    urls = models.JSONField(default=list, blank=True, help_text="the public URLs to purge from the CDN once gone")
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"unpublish {self.storage_key}"

@@ -75,6 +75,7 @@ UPKEEP: dict[str, str] = {
     "jobs.api.idempotency.expire": "QUEUE_CPU",
     "imagegen.dashboard.sample_figures": "QUEUE_CPU",
     "jobs.pipeline.retention.run_retention": "QUEUE_IO",
+    "jobs.pipeline.retention.run_unpublish": "QUEUE_IO",
     "jobs.media.cdn.retry_purge": "QUEUE_IO",
 }
 
