@@ -290,10 +290,13 @@ IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)
 
 # --- request-hash cache and admission control ---
 IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
-# user (default): an entry serves only its owner; global-unseeded: requests without a seed are
-# shared; global: all are. A shared cache tells anyone whether someone asked for the same thing
-# (jobs/media/cache.py, README "Limits and abuse").
-IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "user", ("user", "global-unseeded", "global"))
+# k-anonymous (default): an entry serves its owner at once and other users once
+# IMAGEGEN_CACHE_SHARE_K distinct users asked for it, answered no sooner than a fresh job of its
+# shape would finish; user: an entry serves only its owner; global-unseeded: requests without a
+# seed are shared; global: all are. A plain shared cache tells anyone whether someone asked for
+# the same thing (jobs/media/cache.py, README "Limits and abuse").
+IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "k-anonymous", ("k-anonymous", "user", "global-unseeded", "global"))
+IMAGEGEN_CACHE_SHARE_K = env_int("IMAGEGEN_CACHE_SHARE_K", 3)
 IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
 IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
 IMAGEGEN_MAX_QUEUE_WAIT = env_float("IMAGEGEN_MAX_QUEUE_WAIT", 120.0)  # seconds; past it: 429 or degrade

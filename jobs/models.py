@@ -138,6 +138,9 @@ class GenerationJob(models.Model):
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
     scheduled_at = models.DateTimeField(null=True, blank=True)
+    # A cross-user cache hit (IMAGEGEN_CACHE_SCOPE=k-anonymous) is queued like a fresh job and
+    # done at this time, no sooner than a fresh job of its shape would be (jobs.actions.reveal_cached).
+    cache_reveal_at = models.DateTimeField(null=True, blank=True, db_index=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
