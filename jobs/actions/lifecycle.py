@@ -356,7 +356,7 @@ def move_queued(from_version: str, to_version: str) -> int:
         if not updated:
             continue
         moved += 1
-        if job.status == JobStatus.QUEUED and job.scheduled_at is not None:
+        if job.status == JobStatus.QUEUED and job.scheduled_at is not None and job.cache_reveal_at is None:
             _unqueue(job)
             job.model_version = to_version
             enqueue(job, job.scheduled_at.timestamp())
