@@ -39,7 +39,7 @@ def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> i
                                                   urls=[image_url(image.storage_key)])
             outbox.append(row.id)
     if outbox:
-        transaction.on_commit(partial(drain_unpublish, outbox))
+        transaction.on_commit(partial(drain_unpublish, outbox), robust=True)  # the upkeep retries what fails
     return taken
 
 
