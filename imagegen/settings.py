@@ -300,10 +300,13 @@ IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)
 
 # --- request-hash cache and admission control ---
 IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
-# user (default): an entry serves only its owner; global-unseeded: requests without a seed are
-# shared; global: all are. A shared cache tells anyone whether someone asked for the same thing
-# (jobs/media/cache.py, README "Limits and abuse").
-IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "user", ("user", "global-unseeded", "global"))
+# k-anonymous (default): an entry serves its owner at once and other users once
+# IMAGEGEN_CACHE_SHARE_K distinct users asked for it, answered no sooner than a fresh job of its
+# shape would finish; user: an entry serves only its owner; global-unseeded: requests without a
+# seed are shared; global: all are. A plain shared cache tells anyone whether someone asked for
+# the same thing (jobs/media/cache.py, README "Limits and abuse").
+IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "k-anonymous", ("k-anonymous", "user", "global-unseeded", "global"))
+IMAGEGEN_CACHE_SHARE_K = env_int("IMAGEGEN_CACHE_SHARE_K", 3)
 IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
 IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
 IMAGEGEN_MAX_QUEUE_WAIT = env_float("IMAGEGEN_MAX_QUEUE_WAIT", 120.0)  # seconds; past it: 429 or degrade
@@ -360,7 +363,6 @@ IMAGEGEN_ALLOW_UNCHECKED_DELIVERY = env_bool("IMAGEGEN_ALLOW_UNCHECKED_DELIVERY"
 if (not env_bool("IMAGEGEN_EMBEDDED", True) and IMAGEGEN_IMAGE_CLASSIFIER.strip() == "none"
         and not IMAGEGEN_ALLOW_UNCHECKED_DELIVERY):
     from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured(
         "IMAGEGEN_IMAGE_CLASSIFIER=none would deliver images no classifier has judged; in production "
         "(IMAGEGEN_EMBEDDED=false) also set IMAGEGEN_ALLOW_UNCHECKED_DELIVERY=true to accept that"
@@ -497,6 +499,15 @@ IMAGEGEN_S3_ACCESS_KEY_ID = env_str("IMAGEGEN_S3_ACCESS_KEY_ID", "")  # empty: b
 IMAGEGEN_S3_SECRET_ACCESS_KEY = env_str("IMAGEGEN_S3_SECRET_ACCESS_KEY", "")
 IMAGEGEN_S3_CUSTOM_DOMAIN = env_str("IMAGEGEN_S3_CUSTOM_DOMAIN", "")  # the CDN's host (and path), e.g. img.example.com
 IMAGEGEN_S3_URL_PROTOCOL = env_str("IMAGEGEN_S3_URL_PROTOCOL", "https:")  # for custom-domain URLs
+# A CDN in front of the bucket caches public objects for a year (immutable): a take-down must
+# purge it, so the log-only hook with a CDN domain is a configuration that cannot take down.
+if IMAGEGEN_S3_CUSTOM_DOMAIN and IMAGEGEN_CDN_PURGE_HOOK.strip() == "jobs.media.cdn:log_purge":
+    from django.core.exceptions import ImproperlyConfigured
+    raise ImproperlyConfigured(
+        "IMAGEGEN_S3_CUSTOM_DOMAIN puts a CDN in front of the public images, but IMAGEGEN_CDN_PURGE_HOOK is the "
+        "log-only jobs.media.cdn:log_purge, so a take-down would stay cached at the edge for a year: set "
+        "IMAGEGEN_CDN_PURGE_HOOK to jobs.media.cdn:http_purge, jobs.media.cdn:cloudfront_invalidate or your own hook"
+    )
 IMAGEGEN_S3_ADDRESSING_STYLE = env_str("IMAGEGEN_S3_ADDRESSING_STYLE", "auto")  # auto | path | virtual
 # "public-read" puts an ACL on each public object; empty relies on a bucket policy that makes
 # the public prefix (i/) readable (buckets with ACLs disabled refuse ACL headers).
@@ -532,7 +543,6 @@ try:
     signing_credentials.check(IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT)
 except signing_credentials.CredentialsError as _exc:
     from django.core.exceptions import ImproperlyConfigured
-
     raise ImproperlyConfigured(f"content credentials: {_exc}") from None
 
 
@@ -642,3 +652,11 @@ IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects p
 CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.pipeline.tasks", "jobs.api.idempotency", "jobs.pipeline.retention", "jobs.media.cdn", "imagegen.dashboard",
                   "jobs.admission.summary"]  # its refresher thread starts on the cpu workers
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.pipeline.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}
+# Take-downs: the outbox of public deletes is retried every IMAGEGEN_UNPUBLISH_INTERVAL seconds;
+# every IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL the public images are listed and any whose rows
+# are not public (older than the grace, which covers a publish in flight) is taken down.
+IMAGEGEN_UNPUBLISH_INTERVAL = env_float("IMAGEGEN_UNPUBLISH_INTERVAL", 30.0)
+IMAGEGEN_UNPUBLISH_RETRY_BACKOFF = env_float("IMAGEGEN_UNPUBLISH_RETRY_BACKOFF", 10.0)  # first wait after a failure, doubling
+IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL = env_float("IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL", 3600.0)
+IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS = env_float("IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS", 3600.0)
+CELERY_BEAT_SCHEDULE["unpublish"] = {"task": "jobs.pipeline.retention.run_unpublish", "schedule": IMAGEGEN_UNPUBLISH_INTERVAL}

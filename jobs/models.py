@@ -138,6 +138,9 @@ class GenerationJob(models.Model):
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
     scheduled_at = models.DateTimeField(null=True, blank=True)
+    # A cross-user cache hit (IMAGEGEN_CACHE_SCOPE=k-anonymous) is queued like a fresh job and
+    # done at this time, no sooner than a fresh job of its shape would be (jobs.actions.reveal_cached).
+    cache_reveal_at = models.DateTimeField(null=True, blank=True, db_index=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -309,3 +312,24 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.status} of {self.job_id} to {self.url}"
+
+
+class PendingUnpublish(models.Model):
+    """The outbox of take-downs: written in the take-down's transaction, deleted once the public
+    object is gone (and its URLs purged from the CDN). Retried with backoff until then
+    (jobs.pipeline.retention.run_unpublish), so a storage error never leaves a taken-down image
+    public."""
+
+    storage_key = models.CharField(max_length=300, db_index=True)
+    keep_private_copy = models.BooleanField(default=True)
+    urls = models.JSONField(default=list, blank=True, help_text="the public URLs to purge from the CDN once gone")
+    created_at = models.DateTimeField(default=timezone.now)
+    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"unpublish {self.storage_key}"

@@ -26,10 +26,12 @@ from jobs.actions.delivery import (
 )
 from jobs.actions.images import (
     delete_job,
+    drain_unpublish,
     mark_bytes_dropped,
     mark_cold,
     mark_warm,
     purge_deleted,
+    reconcile_public,
     record_views,
     settle_regeneration,
     take_down,
@@ -73,7 +75,7 @@ __all__ = [
     "drop_unclaimed_batch", "record_views", "mark_bytes_dropped", "mark_cold", "mark_warm", "open_batch", "pass_finished",
     "pass_started", "record_prompt_verdict", "settle_regeneration", "size_batch",
     "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job", "cancel_past_deadline",
-    "claim_batch", "close_empty", "create_queued", "delete_job", "enqueue", "fail_running", "fail_unstarted",
+    "claim_batch", "close_empty", "create_queued", "delete_job", "drain_unpublish", "reconcile_public", "enqueue", "fail_running", "fail_unstarted",
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
     "requeue_expired", "requeue_stuck_batches", "end_stage_lease", "give_up_stage", "observe_stage_seconds",

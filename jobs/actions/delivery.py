@@ -113,6 +113,27 @@ class Outcome:
     reason: str
 
 
+def _within_review_cap(outcome: Outcome) -> Outcome:
+    """An image-stage hold counts against IMAGEGEN_USER_MAX_IN_REVIEW like a prompt hold: an
+    owner whose cases already fill it has the job blocked instead (its images stay private).
+    Called inside finish_batch's transaction, under the owner's lock."""
+    from django.conf import settings
+
+    from jobs.access import usage
+
+    owner_id = GenerationJob.objects.filter(id=outcome.job_id).values_list("owner_id", flat=True).first()
+    if owner_id is None:
+        return outcome
+    usage.lock_user(owner_id)
+    held, limit = usage.review_cases(owner_id), settings.IMAGEGEN_USER_MAX_IN_REVIEW
+    if held < limit:
+        return outcome
+    return Outcome(outcome.job_id, outcome.attempts, JobStatus.BLOCKED, outcome.stage, (
+        f"{outcome.reason} (it would be held for review, but {held} of your jobs already wait for a moderator; "
+        f"the limit is {limit})"
+    ))
+
+
 def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple[list[str], set[str]] | None:
     """Publish: each job's final status (compare-and-set on running, this batch, this attempt)
     with its images public when it is done, in one transaction; publish -> done, only by the run
@@ -127,6 +148,8 @@ def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple
             return None
         now = now or timezone.now()
         for outcome in outcomes:
+            if outcome.status == JobStatus.REVIEW:
+                outcome = _within_review_cap(outcome)
             updated = GenerationJob.objects.filter(
                 id=outcome.job_id, status=JobStatus.RUNNING, batch_id=batch_id, attempts=outcome.attempts
             ).update(status=outcome.status, blocked_stage=outcome.stage, reason=outcome.reason, finished_at=now,

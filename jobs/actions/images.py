@@ -1,8 +1,10 @@
 """Taking delivered images down (a moderator's rejection, the owner's deletion) and deleting a job.
 
-The public object is deleted (when no other row shares it through the request-hash cache), its
-URL stops serving, the CDN purge hook is called after commit, and the request-hash cache can no
-longer point at it (it serves only public images).
+The row leaves the public tier and, when no other row shares its object through the
+request-hash cache, an outbox row (PendingUnpublish) is written in the same transaction. After
+commit the public object is deleted and its URLs purged from the CDN; a failed attempt stays in
+the outbox and is retried with backoff (`drain_unpublish`, the io queue's upkeep) until the
+object is gone. The request-hash cache can no longer point at it (it serves only public images).
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from jobs.media import cdn
-from jobs.media.storage import delete_quietly, image_url, quarantine_storage, unpublish_object
-from jobs.models import GeneratedImage, GenerationJob
+from jobs.media.storage import delete_quietly, image_url, quarantine_storage, remove_public
+from jobs.models import GeneratedImage, GenerationJob, PendingUnpublish
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +27,76 @@ log = logging.getLogger(__name__)
 def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> int:
     """Unpublish images (public -> quarantine, or -> deleted); returns how many were public.
     Each is a compare-and-set on the tier, so a second call does nothing."""
-    urls = []
+    taken = 0
+    outbox: list[int] = []
     for image in images:
         to = "quarantine" if keep_private_copy else "deleted"
         if not GeneratedImage.objects.filter(id=image.id, tier="public").update(tier=to):
             continue
-        urls.append(image_url(image.storage_key))
+        taken += 1
         if not GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public").exists():
-            transaction.on_commit(partial(unpublish_object, image.storage_key, keep_private_copy))
-    if urls:
-        transaction.on_commit(lambda: cdn.purge(urls))
-    return len(urls)
+            row = PendingUnpublish.objects.create(storage_key=image.storage_key, keep_private_copy=keep_private_copy,
+                                                  urls=[image_url(image.storage_key)])
+            outbox.append(row.id)
+    if outbox:
+        transaction.on_commit(partial(drain_unpublish, outbox), robust=True)  # the upkeep retries what fails
+    return taken
+
+
+def _backoff(attempts: int) -> timedelta:
+    """IMAGEGEN_UNPUBLISH_RETRY_BACKOFF (10 s), doubling up to an hour between attempts: never given up."""
+    from django.conf import settings
+
+    return timedelta(seconds=min(3600.0, settings.IMAGEGEN_UNPUBLISH_RETRY_BACKOFF * 2 ** max(0, attempts - 1)))
+
+
+def drain_unpublish(ids: list[int] | None = None, limit: int = 200) -> dict:
+    """Delete the public objects of the take-downs in the outbox (those named, else those due),
+    then purge their URLs; a row goes once its object is gone, a failure waits its backoff.
+    Never raises. A row whose object is public again for another row (a moderator approved it
+    meanwhile) is dropped without a delete."""
+    due = PendingUnpublish.objects.all()
+    due = due.filter(id__in=ids) if ids is not None else due.filter(next_attempt_at__lte=timezone.now())
+    removed = failed = 0
+    for row in list(due[:limit]):
+        if GeneratedImage.objects.filter(storage_key=row.storage_key, tier="public").exists():
+            PendingUnpublish.objects.filter(id=row.id).delete()
+            continue
+        try:
+            remove_public(row.storage_key, row.keep_private_copy)
+        except Exception as exc:
+            failed += 1
+            attempts = row.attempts + 1
+            log.warning("could not take %s down (attempt %d); retrying", row.storage_key, attempts, exc_info=True)
+            PendingUnpublish.objects.filter(id=row.id).update(
+                attempts=attempts, last_error=f"{type(exc).__name__}: {exc}"[:2000],
+                next_attempt_at=timezone.now() + _backoff(attempts))
+            continue
+        PendingUnpublish.objects.filter(id=row.id).delete()
+        removed += 1
+        cdn.purge(list(row.urls))  # retried on the io queue when the hook fails
+    return {"removed": removed, "failed": failed}
+
+
+def reconcile_public(grace_seconds: float, limit: int = 1000) -> int:
+    """Put in the outbox every public image object no public row points at (a take-down whose
+    outbox row was lost, an object left by a crash), older than `grace_seconds` (a publish copies
+    the object before the transaction that makes its row public). Returns how many."""
+    from jobs.media.storage import public_image_keys
+
+    queued = 0
+    for key in public_image_keys(timezone.now() - timedelta(seconds=grace_seconds)):
+        if queued >= limit:
+            break
+        rows = GeneratedImage.objects.filter(storage_key=key)
+        if rows.filter(tier="public").exists() or PendingUnpublish.objects.filter(storage_key=key).exists():
+            continue
+        PendingUnpublish.objects.create(storage_key=key, keep_private_copy=rows.filter(tier="quarantine").exists(),
+                                        urls=[image_url(key)])
+        queued += 1
+    if queued:
+        log.warning("reconciliation: %d public object(s) whose rows are not public, taken down", queued)
+    return queued
 
 
 def delete_job(job: GenerationJob) -> None:

@@ -14,6 +14,7 @@ import logging
 import time
 from datetime import datetime, timedelta
 
+from celery import shared_task
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
@@ -73,12 +74,20 @@ def attach_cached(job: GenerationJob, cached: dict) -> None:
 
 def finish_from_cache(job: GenerationJob, cached: dict) -> None:
     """Every image is cached: the same request under the same policy and model version was
-    already gated and delivered, so the job is done with the stored images."""
+    already gated and delivered, so the job is done with the stored images. A hit on another
+    user's entry (k-anonymous scope) is answered like a fresh job: queued now, done no sooner
+    than a fresh job of its shape would be (`reveal_cached`), so its timing says nothing."""
+    from jobs.media import cache
     from safety.models import SafetyVerdict
 
     now = timezone.now()
-    job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
+    delayed = any(getattr(image, "cross_user", False) for image in cached.values())
     job.scheduled_at = now
+    if delayed:
+        delay = cache.reveal_delay(job)
+        job.cache_reveal_at = now + timedelta(seconds=delay)
+    else:
+        job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
     with transaction.atomic():
         job.save()
         attach_cached(job, cached)
@@ -89,8 +98,48 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
             policy_version=source.job.verdicts.filter(stage="prompt").values_list("policy_version", flat=True).first() or "",
         )
         metrics.count_verdicts([verdict])
+        if delayed:
+            metrics.count_jobs(JobStatus.QUEUED, job.model_version)
+            job_id = str(job.id)
+            transaction.on_commit(lambda: _send_reveal(job_id, delay), robust=True)
+        else:
+            metrics.count_jobs(JobStatus.DONE, job.model_version)
+            status_on_commit(job.id)
+
+
+def _send_reveal(job_id: str, delay: float) -> None:
+    from celery import current_app
+
+    current_app.send_task(REVEAL_TASK, args=[job_id], countdown=max(0.0, delay))
+
+
+REVEAL_TASK = "jobs.actions.lifecycle.reveal_cached"
+
+
+def reveal_cached(job_id) -> bool:
+    """A delayed cross-user cache hit whose time has come: queued -> done (compare-and-set; a
+    cancelled one stays cancelled). The reaper calls it too (`reveal_due`) when the message is lost."""
+    now = timezone.now()
+    job = GenerationJob.objects.filter(id=job_id).first()
+    if job is None or job.cache_reveal_at is None or job.cache_reveal_at > now + timedelta(seconds=0.5):
+        return False
+    with transaction.atomic():
+        if not GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, cache_reveal_at__isnull=False).update(
+            status=JobStatus.DONE, started_at=job.cache_reveal_at, finished_at=now, progress_step=job.steps,
+        ):
+            return False
         metrics.count_jobs(JobStatus.DONE, job.model_version)
         status_on_commit(job.id)
+    return True
+
+
+reveal_cached_task = shared_task(name=REVEAL_TASK, ignore_result=True)(reveal_cached)
+
+
+def reveal_due(now=None, limit: int = 500) -> int:
+    now = now or timezone.now()
+    due = GenerationJob.objects.filter(status=JobStatus.QUEUED, cache_reveal_at__lte=now).values_list("id", flat=True)[:limit]
+    return sum(1 for job_id in list(due) if reveal_cached(job_id))
 
 
 def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
@@ -307,7 +356,7 @@ def move_queued(from_version: str, to_version: str) -> int:
         if not updated:
             continue
         moved += 1
-        if job.status == JobStatus.QUEUED and job.scheduled_at is not None:
+        if job.status == JobStatus.QUEUED and job.scheduled_at is not None and job.cache_reveal_at is None:
             _unqueue(job)
             job.model_version = to_version
             enqueue(job, job.scheduled_at.timestamp())
@@ -321,7 +370,8 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
     per job)."""
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = 0
-    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff):
+    reveal_due()  # delayed cross-user cache hits whose message was lost
+    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff, cache_reveal_at=None):
         if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1

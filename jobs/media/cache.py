@@ -2,7 +2,8 @@
 reuses the stored image instead of spending the GPU again.
 
 Key: a hash of the canonical (model version, prompt, negative prompt, width, height, steps,
-guidance, scheduler, per-image seed, safety policy version, the image gate's identity), with the
+guidance, scheduler, per-image seed, the prompt gate's identity (the whole policy file, the
+embedder and head: safety.policy_version.policy_identity), the image gate's identity), with the
 owner in the key for the per-user scope. The gate's identity in the key is the one that judged
 the image (recorded on its verdict), and a lookup uses the gate configured now, so an image
 judged by another classifier, or by none, is never served. Value: the id of a stored image. An
@@ -15,7 +16,13 @@ format is converted (`in_format`), not generated again.
 
 Scope (IMAGEGEN_CACHE_SCOPE). A shared cache is an oracle: a hit is done in the submit answer,
 so anyone could test in one request whether another user asked for a given (prompt, seed).
-  user             (default) an entry serves only the user whose request made it
+  k-anonymous      (default) an entry serves its owner at once; another user only once
+                   IMAGEGEN_CACHE_SHARE_K distinct users (the asker among them) asked for that
+                   request, so the head of the prompt distribution is shared and a rare prompt
+                   never is; and a cross-user hit is answered like a fresh job (queued, done no
+                   sooner than a fresh job of its shape would finish: `reveal_delay`), so
+                   neither its answer nor its timing says that someone else asked
+  user             an entry serves only the user whose request made it
   global-unseeded  requests without an explicit seed are shared (with IMAGEGEN_SEED_POLICY=fixed
                    that is where repeats come from); seeded ones stay per user. A hit still says
                    that someone asked for that prompt, so it suits a service whose prompts are
@@ -36,7 +43,7 @@ from django.conf import settings
 
 from imagegen.redis_client import PREFIX, get_redis
 from safety.gate_identity import gate_identity, is_unchecked
-from safety.policy_version import policy_version
+from safety.policy_version import policy_identity
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +52,41 @@ HITS_KEY = f"{PREFIX}stats:cache_hits"
 MISSES_KEY = f"{PREFIX}stats:cache_misses"
 
 
-SCOPES = ("user", "global-unseeded", "global")
+SCOPES = ("k-anonymous", "user", "global-unseeded", "global")
 
 
 def shares(seed_given: bool) -> bool:
     """Whether a request may be served from (and seen in) the shared entries under the scope."""
     scope = settings.IMAGEGEN_CACHE_SCOPE
-    return scope == "global" or (scope == "global-unseeded" and not seed_given)
+    return scope in ("global", "k-anonymous") or (scope == "global-unseeded" and not seed_given)
+
+
+def _askers_key(shared_key: str) -> str:
+    return shared_key.replace(f"{PREFIX}rc:", f"{PREFIX}rc-askers:", 1)
+
+
+def _asked_by_enough(r, shared_key: str, owner_id) -> bool:
+    """k-anonymity: count the asker among the distinct users who asked for this request (a set
+    per shared key, living as long as an entry); a shared entry serves only at k of them."""
+    askers = _askers_key(shared_key)
+    pipe = r.pipeline()
+    pipe.sadd(askers, str(owner_id))
+    pipe.expire(askers, TTL_SECONDS)
+    pipe.scard(askers)
+    return int(pipe.execute()[2]) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K)
+
+
+def reveal_delay(job) -> float:
+    """Seconds a fresh job of this shape would take on an idle queue: one pass of its images,
+    the measured overhead after a pass (hand-off, image gate, publish) and its fill wait. A
+    cross-user hit is done no sooner than this."""
+    from scheduling import costs as cost_model
+    from scheduling import scheduler
+
+    shape = scheduler.shape_key(job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler)
+    costs = cost_model.costs()
+    return (cost_model.pass_seconds(shape, job.count, costs) + cost_model.overhead(costs)
+            + float(settings.IMAGEGEN_FILL_WAIT))
 
 
 def request_key(job, index: int, owner_id=None, shared: bool = False, classifier: str | None = None) -> str:
@@ -65,7 +100,7 @@ def request_key(job, index: int, owner_id=None, shared: bool = False, classifier
         "guidance": round(float(job.guidance_scale), 4),
         "scheduler": job.scheduler,
         "seed": int(job.seed) + index,
-        "policy": policy_version(),
+        "policy": policy_identity(),
         "gate": classifier if classifier is not None else gate_identity(),
     }
     if not shared:
@@ -98,13 +133,18 @@ def lookup(job, shared: bool = False) -> dict[int, object]:
     r = get_redis()
     scopes = (False, True) if shared else (False,)
     keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in scopes]
+    k_anonymous = settings.IMAGEGEN_CACHE_SCOPE == "k-anonymous"
     found = {}
     for n, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
         index = n // len(scopes)
+        is_shared = shared and n % len(scopes) == 1
+        if k_anonymous and is_shared and not _asked_by_enough(r, key, job.owner_id):
+            continue  # fewer than k users asked for it: never shared (the entry stays)
         if index in found:
             continue
         image = _servable(image_id) if image_id else None
         if image is not None:
+            image.cross_user = k_anonymous and is_shared and image.job.owner_id != job.owner_id
             found[index] = image
         elif image_id:
             r.delete(key)  # purged, blocked or lost since: never serve it again

@@ -18,7 +18,9 @@ import random
 import secrets
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +189,45 @@ def unpublish_object(key: str, keep_private_copy: bool = True) -> None:
         except Exception:
             log.warning("could not keep a private copy of %s", key, exc_info=True)
     delete_quietly(key, public)
+
+
+def remove_public(key: str, keep_private_copy: bool = True) -> None:
+    """Take a public object down for a take-down: keep a private copy for moderators when asked
+    (best effort: the take-down must not wait on it), then delete the public object and check it
+    is gone. Raises when it is not (the take-down's outbox row retries it). Idempotent."""
+    public, private = public_storage(), quarantine_storage()
+    if keep_private_copy and public.exists(key) and not private.exists(key):
+        try:
+            _retrying(f"keeping a private copy of {key}", lambda: _copy(key, public, private))
+        except Exception:
+            log.warning("could not keep a private copy of %s", key, exc_info=True)
+    public.delete(key)
+    if public.exists(key):
+        raise RuntimeError(f"{key} is still in public storage after its delete")
+
+
+def public_image_keys(older_than: datetime) -> Iterator[str]:
+    """Every image object (keys under i/) in public storage last written before `older_than`:
+    one listing on S3 (ListObjectsV2 pages), a walk of the folder locally."""
+    storage: Any = public_storage()
+    if is_s3(storage):
+        bucket, prefix = s3_location(storage, "i/")
+        strip = len(prefix) - len("i/")
+        paginator = storage.connection.meta.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                if item["LastModified"] < older_than:
+                    yield item["Key"][strip:]
+        return
+    if isinstance(storage, FileSystemStorage):
+        root = Path(storage.location)
+        folder = root / "i"
+        if not folder.is_dir():
+            return
+        cutoff = older_than.timestamp()
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.name.startswith(".") and path.stat().st_mtime < cutoff:
+                yield path.relative_to(root).as_posix()
 
 
 def delete_quietly(key: str, storage: Storage) -> None:

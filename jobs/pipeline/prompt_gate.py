@@ -28,6 +28,11 @@ def gate_prompt(job_id: str) -> str:
             actions.fail_unstarted(job.id, f"the prompt safety check failed ({type(exc).__name__}); nothing was generated")
             return "error"
         verdict = actions.record_prompt_verdict(job, result)
+    # A human verdict on the prompt (not on an image) wins over the gate's: a moderator's approval
+    # whose admit was lost is admitted when the reaper re-sends the check, never re-held.
+    human = SafetyVerdict.objects.filter(job=job, stage="human", image__isnull=True).order_by("-created_at").first()
+    if human is not None:
+        verdict = human
     if verdict.decision == "block":
         actions.block_job(job.id, "prompt", verdict.reason)
     elif verdict.decision == "review":

@@ -201,3 +201,22 @@ def run_retention(now: str | None = None) -> dict:
     if any(result.values()):
         log.info("retention: %s", result)
     return result
+
+
+RECONCILED_KEY = f"{PREFIX}unpublish:reconciled"
+
+
+@shared_task(name="jobs.pipeline.retention.run_unpublish")
+def run_unpublish(reconcile: bool | None = None) -> dict:
+    """Periodic (CELERY_BEAT_SCHEDULE["unpublish"], every IMAGEGEN_UNPUBLISH_INTERVAL, io queue):
+    retry the take-downs in the outbox that are due, and at most once per
+    IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL (or when `reconcile` says so) first put in the outbox
+    every public object whose rows are not public (jobs.actions.reconcile_public)."""
+    if reconcile is None:
+        reconcile = bool(get_redis().set(RECONCILED_KEY, "1", nx=True,
+                                         ex=max(1, round(settings.IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL))))
+    queued = actions.reconcile_public(settings.IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS) if reconcile else 0
+    result = {"reconciled": queued, **actions.drain_unpublish()}
+    if result["failed"] or queued:
+        log.warning("unpublish: %s", result)
+    return result

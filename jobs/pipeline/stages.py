@@ -80,6 +80,8 @@ UPKEEP: dict[str, str] = {
     "jobs.api.idempotency.expire": "QUEUE_CPU",
     "imagegen.dashboard.sample_figures": "QUEUE_CPU",
     "jobs.pipeline.retention.run_retention": "QUEUE_IO",
+    "jobs.pipeline.retention.run_unpublish": "QUEUE_IO",
+    "jobs.actions.lifecycle.reveal_cached": "QUEUE_CPU",  # a delayed cross-user cache hit (jobs/media/cache.py)
     "jobs.media.cdn.retry_purge": "QUEUE_IO",
 }
 
