@@ -4,7 +4,7 @@ from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
 # The quality tiers the page offers (the API's `quality`; standard/hd are OpenAI's aliases).
-PAGE_QUALITIES = (("auto", "Model default"), ("low", "Low"), ("medium", "Medium"), ("high", "High"))
+PAGE_QUALITIES = (("auto", "Default"), ("low", "Low"), ("medium", "Medium"), ("high", "High"))
 
 
 def page_catalogue() -> list[dict]:

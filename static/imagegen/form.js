@@ -224,7 +224,7 @@
   // wait estimate a new job gets now (GET /api/v1/queue) and the quota each priority draws on
   // (GET /api/v1/account), shown beside the choice.
   const CATALOGUE = JSON.parse(($("catalogue") || {}).textContent || "[]");
-  const TIER_NAME = { auto: "its default", low: "low", medium: "medium", high: "high" };
+  const TIER_NAME = { auto: "default", low: "low", medium: "medium", high: "high" };
   const live = { queue: null, account: null, at: 0, loading: null };
 
   function chosenModel() {
@@ -269,7 +269,7 @@
       if (lane.estimated_wait_seconds === null || lane.estimated_wait_seconds === undefined) {
         time = lane.active_workers ? "" : "No GPU worker runs this model right now: a job waits until one starts.";
       } else {
-        time = `A one-image job at ${lane.default_steps} steps would be ready in about ${seconds(lane.estimated_wait_seconds)} now`
+        time = `A one-image job at ${lane.default_steps} steps would be ready ${lane.estimated_wait_seconds < 1 ? "in under a second" : `in about ${seconds(lane.estimated_wait_seconds)}`} now`
           + ` (${lane.queued_images} image${lane.queued_images === 1 ? "" : "s"} queued).`;
       }
       info.dataset.eta = lane.estimated_wait_seconds === null ? "" : String(lane.estimated_wait_seconds);
