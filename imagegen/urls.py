@@ -9,6 +9,7 @@ from jobs.api import account as account_views
 from jobs.api import delete as delete_views
 from jobs.api import page as web
 from jobs.api import staff as staff_views
+from jobs.api import verify as verify_views
 from jobs.api import views
 from jobs.api.openai import compat as openai_compat
 from jobs.api.openai import views as openai_api
@@ -35,6 +36,7 @@ urlpatterns = [
     path("api/v1/jobs/<uuid:job_id>/appeal", views.JobAppeal.as_view(), name="job-appeal"),
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
     path("api/v1/images/<uuid:image_id>", regenerate.ImageDetail.as_view(), name="image-detail"),
+    path("api/v1/images/<uuid:image_id>/credentials", verify_views.ImageCredentials.as_view(), name="image-credentials"),
     path("staff/images/<uuid:image_id>", staff_views.staff_image, name="staff-image"),
     re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.[a-z]{3,4})$", views.serve_image, name="image"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -3,13 +3,30 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+# The quality tiers the page offers (the API's `quality`; standard/hd are OpenAI's aliases).
+PAGE_QUALITIES = (("auto", "Default"), ("low", "Low"), ("medium", "Medium"), ("high", "High"))
+
+
+def page_catalogue() -> list[dict]:
+    """Per served model what the page shows beside the choice: its steps (the GPU work an image
+    costs) at its defaults and at each quality tier, and the tier's levers."""
+    from jobs.api.openai.compat import steps_for, variant_for
+    from scheduling import catalogue
+
+    models = []
+    for m in catalogue.served().values():
+        tiers = {q: {"steps": steps_for(q, m.version), "levers": variant_for(q, m.version)} for q, _ in PAGE_QUALITIES if q != "auto"}
+        tiers["auto"] = {"steps": m.default_steps, "levers": ""}
+        models.append({"version": m.version, "label": m.label, "default": m.default, "default_steps": m.default_steps,
+                       "max_steps": m.max_steps, "guidance_scale": m.guidance_scale, "tiers": tiers})
+    return models
+
 
 @login_required
 @ensure_csrf_cookie  # the page's script reads csrftoken for X-CSRFToken on POSTs
 def index(request):
-    from scheduling import catalogue
-
     sizes = [f"{w}x{h}" for w, h in settings.IMAGEGEN_SIZE_MENU]
+    models = page_catalogue()
     return render(
         request,
         "jobs/index.html",
@@ -22,6 +39,7 @@ def index(request):
             "default_guidance": settings.IMAGEGEN_DEFAULT_GUIDANCE,
             "max_prompt_chars": settings.IMAGEGEN_MAX_PROMPT_CHARS,
             "output_formats": ["png", "jpeg", "webp"],
-            "models": list(catalogue.served().values()),
+            "models": models,
+            "qualities": PAGE_QUALITIES,
         },
     )

@@ -104,7 +104,11 @@
       caption.appendChild(el("span", { class: "seed" }, `seed ${image.seed}`));
       caption.appendChild(document.createTextNode(" · "));
       caption.appendChild(el("a", { href: src, download: downloadName(job, image), class: "download" }, "Download"));
+      const [verify, panel] = window.imagegen.verify.link(image);
+      caption.appendChild(document.createTextNode(" · "));
+      caption.appendChild(verify);
       figure.appendChild(caption);
+      figure.appendChild(panel);
       box.appendChild(figure);
     }
     if (box.children.length) show($("preview-figure"), false);
@@ -116,6 +120,10 @@
     badge.textContent = job.status;
     badge.dataset.status = job.status;
     $("current-prompt").textContent = job.prompt;
+    // The prompt the model was given, when the service rewrote it (a job's `revised_prompt`).
+    const revised = typeof job.revised_prompt === "string" && job.revised_prompt && job.revised_prompt !== job.prompt ? job.revised_prompt : "";
+    $("current-revised-text").textContent = revised;
+    show($("current-revised"), Boolean(revised));
     const text = $("progress-text");
     if (job.status === "done") setProgress(job.steps, job.steps);
     else if (job.progress && job.status === "running") setProgress(job.progress.step, job.steps);

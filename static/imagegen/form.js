@@ -4,7 +4,7 @@
   "use strict";
   const { $, api, el, show, seconds } = window.imagegen;
 
-  const FIELDS = ["prompt", "negative_prompt", "model", "size", "steps", "count", "seed", "guidance_scale", "output_format", "priority", "allow_degrade"];
+  const FIELDS = ["prompt", "negative_prompt", "model", "quality", "size", "steps", "count", "seed", "guidance_scale", "output_format", "priority", "allow_degrade"];
   const FIELD_OF = { width: "size", height: "size" };  // API field -> form field
   let countdown = null;
 
@@ -57,6 +57,7 @@
       output_format: form.output_format.value, priority: form.priority.value, allow_degrade: form.allow_degrade.checked,
     };
     if (form.model && form.model.value) body.model = form.model.value;
+    if (form.quality && form.quality.value && form.quality.value !== "auto") body.quality = form.quality.value;
     if (form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();
     if (form.seed.value !== "") body.seed = Number(form.seed.value);
     if (form.guidance_scale.value !== "") body.guidance_scale = Number(form.guidance_scale.value);
@@ -169,6 +170,7 @@
       if (response.status === 202) {
         window.imagegen.current.watch(data);
         window.imagegen.gallery.load();
+        refreshChoices(true);
       } else if (response.status === 429) {
         await explainRefusal(data || {}, response, body);
       } else if (response.status === 400) {
@@ -206,6 +208,8 @@
     form.guidance_scale.value = String(job.guidance_scale);
     if (job.output_format) form.output_format.value = job.output_format;
     if (job.priority) form.priority.value = job.priority;
+    if (form.quality) form.quality.value = "auto";  // the job's steps are in the form already
+    describe();
     clearErrors();
     clearRefused();
     const note = $("reuse-note");
@@ -215,15 +219,93 @@
     form.prompt.focus();
   }
 
-  // A model brings its own steps and guidance (a distilled one runs in a few steps).
+  // --- the choices: model, quality tier, priority -------------------------------------------
+  // The served catalogue (page.py: each model's steps at its defaults and at each tier), the
+  // wait estimate a new job gets now (GET /api/v1/queue) and the quota each priority draws on
+  // (GET /api/v1/account), shown beside the choice.
+  const CATALOGUE = JSON.parse(($("catalogue") || {}).textContent || "[]");
+  const TIER_NAME = { auto: "default", low: "low", medium: "medium", high: "high" };
+  const live = { queue: null, account: null, at: 0, loading: null };
+
+  function chosenModel() {
+    const version = $("model") ? $("model").value : "";
+    return CATALOGUE.find((m) => m.version === version) || CATALOGUE.find((m) => m.default) || CATALOGUE[0];
+  }
+
+  function tierOf(model) {
+    const quality = $("quality") ? $("quality").value : "auto";
+    return (model && model.tiers && model.tiers[quality]) || { steps: model ? model.default_steps : 0, levers: "" };
+  }
+
+  async function loadLive(force) {
+    if (!force && Date.now() - live.at < 5000) return;
+    if (live.loading) return live.loading;
+    live.loading = (async () => {
+      try {
+        const [queue, account] = await Promise.all([api("GET", "/api/v1/queue"), api("GET", "/api/v1/account")]);
+        if (queue.response.ok) live.queue = queue.data;
+        if (account.response.ok) live.account = account.data;
+        live.at = Date.now();
+      } catch (e) { /* the hint keeps what it had */ }
+      live.loading = null;
+    })();
+    return live.loading;
+  }
+
+  function describe() {
+    const info = $("choice-info");
+    const model = chosenModel();
+    if (!info || !model) return;
+    const quality = $("quality") ? $("quality").value : "auto";
+    const steps = Number($("steps").value) || tierOf(model).steps;
+    const count = Math.max(1, Number($("count").value) || 1);
+    const priority = $("priority").value;
+    const levers = tierOf(model).levers;
+    $("choice-work").textContent = `${model.label}, ${TIER_NAME[quality] || quality} quality: ${steps} step${steps === 1 ? "" : "s"} `
+      + `per image${levers ? ` (${levers})` : ""}.`;
+    const lane = live.queue && (live.queue.models || []).find((m) => m.version === model.version);
+    let time = "";
+    if (lane) {
+      if (lane.estimated_wait_seconds === null || lane.estimated_wait_seconds === undefined) {
+        time = lane.active_workers ? "" : "No GPU worker runs this model right now: a job waits until one starts.";
+      } else {
+        time = `A one-image job at ${lane.default_steps} steps would be ready ${lane.estimated_wait_seconds < 1 ? "in under a second" : `in about ${seconds(lane.estimated_wait_seconds)}`} now`
+          + ` (${lane.queued_images} image${lane.queued_images === 1 ? "" : "s"} queued).`;
+      }
+      info.dataset.eta = lane.estimated_wait_seconds === null ? "" : String(lane.estimated_wait_seconds);
+    }
+    $("choice-time").textContent = time;
+    const tier = live.account && live.account[priority];
+    $("choice-cost").textContent = tier
+      ? `Costs ${count} of your ${tier.max_images_per_day} ${priority} images a day (${tier.images_today} used).`
+        + (priority === "batch" ? " Batch runs when the GPUs are free of interactive work." : "")
+      : "";
+    Object.assign(info.dataset, { model: model.version, quality, steps: String(steps), priority });
+  }
+
+  async function refreshChoices(force) {
+    describe();
+    await loadLive(force);
+    describe();
+  }
+
+  // A model brings its own steps and guidance (a distilled one runs in a few steps); a tier its
+  // steps on that model.
   function modelChosen(setDefaults) {
     const option = $("model").selectedOptions[0];
     if (!option) return;
     $("steps").max = option.dataset.maxSteps;
     if (setDefaults) {
-      $("steps").value = option.dataset.steps;
+      $("steps").value = String(tierOf(chosenModel()).steps || option.dataset.steps);
       $("guidance_scale").value = option.dataset.guidance;
     }
+    describe();
+  }
+
+  function qualityChosen() {
+    const model = chosenModel();
+    if (model) $("steps").value = String(tierOf(model).steps);
+    describe();
   }
 
   function init() {
@@ -232,6 +314,10 @@
       $("model").addEventListener("change", () => modelChosen(true));
       modelChosen(false);
     }
+    if ($("quality")) $("quality").addEventListener("change", qualityChosen);
+    $("priority").addEventListener("change", () => refreshChoices(true));
+    for (const name of ["steps", "count"]) $(name).addEventListener("input", describe);
+    refreshChoices(true);
     form.addEventListener("submit", submit);
     form.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {

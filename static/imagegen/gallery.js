@@ -44,6 +44,9 @@
     badge.dataset.status = job.status;
     info.appendChild(badge);
     info.appendChild(el("p", { title: job.prompt, class: "tile-prompt" }, job.prompt));
+    if (typeof job.revised_prompt === "string" && job.revised_prompt && job.revised_prompt !== job.prompt) {
+      info.appendChild(el("p", { class: "tile-revised hint", title: job.revised_prompt }, `revised: ${job.revised_prompt}`));
+    }
     if (job.reason && job.status !== "done") info.appendChild(el("p", { class: "tile-reason" }, job.reason));
     info.appendChild(el("small", {}, meta(job)));
     if (images.length) {
@@ -54,6 +57,10 @@
         row.appendChild(document.createTextNode(" "));
         row.appendChild(el("a", { href: safeSrc(image.url), download: downloadName(job, image), class: "download" },
           images.length > 1 ? `Download #${image.index + 1}` : "Download"));
+        const [verify, panel] = window.imagegen.verify.link(image);
+        row.appendChild(document.createTextNode(" · "));
+        row.appendChild(verify);
+        row.appendChild(panel);
         files.appendChild(row);
       }
       info.appendChild(files);

@@ -1,0 +1,70 @@
+// imagegen page: an image's content credentials. "Verify" asks the server to read the stored
+// file's C2PA manifest and check it (GET /api/v1/images/<id>/credentials), then says who signed
+// it, what it asserts and whether it verifies. All text through textContent.
+(function () {
+  "use strict";
+  const { api, el } = window.imagegen;
+
+  const VERDICT = {
+    Trusted: "✓ Verified: content credentials intact, signed by a trusted certificate",
+    Valid: "Signature intact, but the signer is not among the trusted roots",
+    Invalid: "✗ Does not verify: the file was changed after it was signed, or the signature is broken",
+    none: "✗ No content credentials in this file",
+  };
+  const SOURCE_TYPES = { trainedAlgorithmicMedia: "made by a trained model (trainedAlgorithmicMedia)" };
+
+  function sourceType(uri) {
+    const name = String(uri || "").split("/").pop();
+    return SOURCE_TYPES[name] || name;
+  }
+
+  function show(panel, data) {
+    panel.replaceChildren();
+    panel.dataset.state = data.state;
+    panel.appendChild(el("p", { class: "verdict" }, VERDICT[data.state] || data.state));
+    const list = el("dl");
+    const row = (term, value) => { list.appendChild(el("dt", {}, term)); list.appendChild(el("dd", {}, value)); };
+    const signer = data.signer || {};
+    if (signer.common_name || signer.issuer) {
+      row("Signed by", [signer.common_name, signer.issuer && signer.issuer !== signer.common_name ? `issued by ${signer.issuer}` : ""]
+        .filter(Boolean).join(", ") + (signer.alg ? ` (${signer.alg})` : ""));
+    }
+    if (signer.time) row("Signed at", signer.time);
+    for (const action of data.actions || []) {
+      const agent = action.softwareAgent && (action.softwareAgent.name || action.softwareAgent);
+      row("Asserted", [action.action, sourceType(action.digitalSourceType), agent ? `by ${agent}` : ""].filter(Boolean).join(" · "));
+    }
+    const params = data.parameters || {};
+    for (const [key, value] of Object.entries(params)) {
+      if (value === null || value === "") continue;
+      row(key, typeof value === "object" ? JSON.stringify(value) : String(value));
+    }
+    for (const failure of data.failures || []) row("Failure", `${failure.code}${failure.explanation ? ": " + failure.explanation : ""}`);
+    panel.appendChild(list);
+  }
+
+  // A "Verify" link for `image` and the panel its answer goes to: [link, panel].
+  function link(image) {
+    const href = `/api/v1/images/${encodeURIComponent(image.id)}/credentials`;
+    const anchor = el("a", { href, class: "verify", "data-image": image.id }, "Verify");
+    const panel = el("div", { class: "credentials", role: "status", "aria-live": "polite" });
+    panel.hidden = true;
+    anchor.addEventListener("click", async (event) => {
+      event.preventDefault();
+      panel.hidden = false;
+      panel.dataset.state = "checking";
+      panel.textContent = "Checking the content credentials…";
+      try {
+        const { response, data } = await api("GET", href);
+        if (response.ok && data) show(panel, data);
+        else { panel.dataset.state = "error"; panel.textContent = (data && data.detail) || `Could not check (${response.status}).`; }
+      } catch (e) {
+        panel.dataset.state = "error";
+        panel.textContent = "Could not reach the service.";
+      }
+    });
+    return [anchor, panel];
+  }
+
+  window.imagegen.verify = { link };
+})();
