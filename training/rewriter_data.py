@@ -28,7 +28,6 @@ import numpy as np
 from gpu_tasks.rewriter import KEEP, parse_canonical  # noqa: F401  (parse_canonical: for the evaluation)
 from training.shapes_data import COLOUR_NAMES, SHAPES, SIZES
 
-
 COLOUR_WORDS = {
     "red": ["red", "scarlet", "crimson", "vermilion", "ruby", "cherry", "tomato"],
     "green": ["green", "emerald", "lime", "grass green", "jade", "leafy green", "olive"],

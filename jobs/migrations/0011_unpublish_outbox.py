@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('jobs', '0009_image_content_sha256'),
+        ('jobs', '0010_token_expiry'),
     ]
 
     operations = [
