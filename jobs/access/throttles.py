@@ -17,7 +17,8 @@ Every throttled answer carries `RateLimit-Limit`, `RateLimit-Remaining`, `RateLi
 (RateLimitMiddleware). Past a rate: 429 with Retry-After and the body the other limits
 answer, `{detail, limit, eta_seconds, retry_after}`, limit `submits_per_user`,
 `reads_per_user`, `streams_per_user` or `requests_per_ip`. When Redis is down the throttle
-lets requests through (logged): reads that need only the database keep working during a Redis
+lets requests through (logged; a full Redis pool of this process is not an outage: that is
+a server_busy 429): reads that need only the database keep working during a Redis
 outage.
 
 RateLimited (a DRF Throttled) is the one exception every 429 of the API is raised as.
@@ -36,6 +37,7 @@ from redis.exceptions import RedisError
 from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
+from imagegen.redis_client import PoolBusy
 from jobs.access import ratelimit
 
 log = logging.getLogger(__name__)
@@ -102,6 +104,8 @@ class RequestRateThrottle(BaseThrottle):
             return True
         try:
             verdicts = ratelimit.take_all(limits)
+        except PoolBusy:
+            raise  # this process is busy, not Redis down: server_busy (jobs/api/errors.py)
         except RedisError:
             log.warning("request rate not checked (Redis unavailable)", exc_info=True)
             return True
