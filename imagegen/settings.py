@@ -77,6 +77,11 @@ MIDDLEWARE = [
     # RateLimit-* headers, and the settling of conditional reads (jobs/access/throttles.py).
     "jobs.access.throttles.RateLimitMiddleware",
 ]
+# A per-request breakdown in a Server-Timing header (wall, CPU, database, Redis, thread wait;
+# jobs/api/timing.py), for bench/api_load.py --breakdown. Off by default.
+IMAGEGEN_SERVER_TIMING = env_bool("IMAGEGEN_SERVER_TIMING", False)
+if IMAGEGEN_SERVER_TIMING:
+    MIDDLEWARE.insert(0, "jobs.api.timing.ServerTimingMiddleware")
 
 ROOT_URLCONF = "imagegen.urls"
 ASGI_APPLICATION = "imagegen.asgi.application"

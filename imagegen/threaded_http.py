@@ -160,7 +160,9 @@ class ThreadedWSGI:
             started["headers"] = [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers]
             return lambda data: None  # the legacy write() callable; Django never uses it
 
-        result = self.wsgi_app(build_environ(scope, body), start_response)
+        environ = build_environ(scope, body)
+        environ["imagegen.thread_wait"] = waited  # for the Server-Timing breakdown (jobs/api/timing.py)
+        result = self.wsgi_app(environ, start_response)
         try:
             if not getattr(result, "streaming", False):
                 return started["status"], started["headers"], b"".join(result)
