@@ -19,6 +19,10 @@ each rate, a fresh queue is laid, --warmup seconds of load are sent and dropped,
 are measured: achieved rate (answers per second), p50/p99 latency, status codes, and the web
 processes' CPU seconds per answered request. Polls alternate between finished jobs (done, with an
 image) and jobs waiting in the queue. Writes bench/results/api_load.json.
+
+--breakdown N: instead, N serial submits and N serial polls with IMAGEGEN_SERVER_TIMING on; per
+request the client's wall time and the web process's own account (jobs/api/timing.py): wall,
+thread CPU, database statements and time, Redis round trips and time, wait for a thread.
 """
 
 from __future__ import annotations
@@ -285,6 +289,55 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
     }
 
 
+def server_timing(header: str) -> dict[str, float]:
+    """{name: ms, name_n: count} from `total;dur=9.1, db;dur=1.9;desc="10", ...`."""
+    out: dict[str, float] = {}
+    for part in header.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        name = fields[0]
+        for f in fields[1:]:
+            key, _, value = f.partition("=")
+            if key == "dur":
+                out[name] = float(value)
+            elif key == "desc":
+                out[name + "_n"] = float(value.strip('"'))
+    return out
+
+
+def breakdown(port: int, users: list[tuple[int, str]], finished: list[tuple[str, str]], menu, n: int,
+              rng: random.Random) -> dict:
+    """N serial submits (the first five warm the processes and are dropped; the jobs stay queued
+    and the simulated GPU drains them) and N serial polls of finished jobs: the client's wall time and
+    the web process's own account of each (Server-Timing), medians and p90."""
+    import httpx
+
+    rows: dict[str, list[dict]] = {"submit": [], "poll": []}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+        for i in range(n + 5):
+            w, h = rng.choice(menu)
+            user = users[i % len(users)]
+            began = time.perf_counter()
+            answer = client.post("/api/v1/jobs", headers={"Authorization": f"Token {user[1]}"},
+                                 json={"prompt": f"a {rng.choice(COLOURS)} {rng.choice(KINDS)} {rng.randrange(10**9)}",
+                                       "width": w, "height": h, "steps": 20})
+            client_ms = (time.perf_counter() - began) * 1000
+            if i >= 5 and answer.status_code == 202:
+                rows["submit"].append({"client": client_ms, **server_timing(answer.headers.get("server-timing", ""))})
+        for i in range(n + 5):
+            job_id, token = finished[i % len(finished)]
+            began = time.perf_counter()
+            answer = client.get(f"/api/v1/jobs/{job_id}", headers={"Authorization": f"Token {token}"})
+            client_ms = (time.perf_counter() - began) * 1000
+            if i >= 5 and answer.status_code == 200:
+                rows["poll"].append({"client": client_ms, **server_timing(answer.headers.get("server-timing", ""))})
+    out: dict = {"load_average_1m": round(os.getloadavg()[0], 2)}
+    for kind, items in rows.items():
+        keys = sorted({k for row in items for k in row})
+        out[kind] = {"n": len(items), **{k: {"p50": round(pct([r.get(k, 0.0) for r in items], 0.5) or 0.0, 2),
+                                            "p90": round(pct([r.get(k, 0.0) for r in items], 0.9) or 0.0, 2)} for k in keys}}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--submit-rates", default="50,100,200,400")
@@ -300,13 +353,15 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "api_load.json"))
+    p.add_argument("--breakdown", type=int, default=0,
+                   help="N: only the per-request breakdown of N serial submits and N polls (Server-Timing)")
     a = p.parse_args()
 
     stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_IMAGE_CLASSIFIER="none", IMAGEGEN_LOG_LEVEL="WARNING",
                   IMAGEGEN_LOG_FORMAT="plain", IMAGEGEN_USER_MAX_IN_FLIGHT="1000000",
                   IMAGEGEN_USER_MAX_IMAGES_PER_DAY="100000000", IMAGEGEN_MAX_QUEUED_IMAGES="100000000",
                   IMAGEGEN_MAX_QUEUE_WAIT="1e12", IMAGEGEN_WEB_PROCESSES=str(a.web_processes),
-                  IMAGEGEN_WEB_THREADS=str(a.web_threads))
+                  IMAGEGEN_WEB_THREADS=str(a.web_threads), IMAGEGEN_SERVER_TIMING="1" if a.breakdown else "0")
     stack.apply_to_this_process()
     import django
 
@@ -363,7 +418,10 @@ def main() -> None:
             await load.close()
             return figures(answers, a.seconds, spent)
 
-        for depth in [int(d) for d in a.depths.split(",")]:
+        if a.breakdown:
+            result["breakdown"] = breakdown(port, users, finished, menu, a.breakdown, rng)
+            print(json.dumps(result["breakdown"], indent=2), flush=True)
+        for depth in ([] if a.breakdown else [int(d) for d in a.depths.split(",")]):
             for kind, rates in (("poll", a.poll_rates), ("submit", a.submit_rates)):
                 for rate in [float(x) for x in rates.split(",")]:
                     reset_queue()

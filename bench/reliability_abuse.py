@@ -24,7 +24,7 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 PRODUCTION_LIMITS = {
     "IMAGEGEN_USER_MAX_IN_FLIGHT": "16", "IMAGEGEN_USER_MAX_IMAGES_PER_DAY": "1000",
     "IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE": "60", "IMAGEGEN_USER_MAX_IN_REVIEW": "5",
-    "IMAGEGEN_USER_MAX_STREAMS": "32", "IMAGEGEN_THROTTLE_USER": "120/min",
+    "IMAGEGEN_USER_MAX_STREAMS": "32", "IMAGEGEN_THROTTLE_SUBMIT": "120/min", "IMAGEGEN_THROTTLE_READ": "600/min",
     # Every client of the bench is 127.0.0.1: a per-IP limit would throttle the victim with the
     # abuser (as it would behind one NAT). The per-user limits are what is measured.
     "IMAGEGEN_THROTTLE_IP": "off",
@@ -182,7 +182,7 @@ def scenario_abuse(stack, size: dict) -> dict:
     # phase of the full run lasts well past that first minute.
     seconds = (20.0, 120.0) if size.get("kill_jobs", 0) >= 200 else (8.0, 15.0)
     for label, env in (("prompt_check_rate_off", {**PRODUCTION_LIMITS, "IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE": "0",
-                                                  "IMAGEGEN_THROTTLE_USER": "off"}),
+                                                  "IMAGEGEN_THROTTLE_SUBMIT": "off", "IMAGEGEN_THROTTLE_READ": "off", "IMAGEGEN_THROTTLE_STREAM": "off"}),
                        ("prompt_check_rate_on", PRODUCTION_LIMITS)):
         base = _web(stack, port, **env)
         stamp = time.time_ns()

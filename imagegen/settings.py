@@ -76,7 +76,14 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # RateLimit-* headers, and the settling of conditional reads (jobs/access/throttles.py).
+    "jobs.access.throttles.RateLimitMiddleware",
 ]
+# A per-request breakdown in a Server-Timing header (wall, CPU, database, Redis, thread wait;
+# jobs/api/timing.py), for bench/api_load.py --breakdown. Off by default.
+IMAGEGEN_SERVER_TIMING = env_bool("IMAGEGEN_SERVER_TIMING", False)
+if IMAGEGEN_SERVER_TIMING:
+    MIDDLEWARE.insert(0, "jobs.api.timing.ServerTimingMiddleware")
 
 ROOT_URLCONF = "imagegen.urls"
 ASGI_APPLICATION = "imagegen.asgi.application"
@@ -327,9 +334,14 @@ IMAGEGEN_USER_MAX_STREAMS = env_int("IMAGEGEN_USER_MAX_STREAMS", 32)
 # Watchers re-read their job's row this often (a final event lost with Redis still arrives),
 # and each web process re-joins the job's channel-layer group (a restarted Redis forgot it).
 IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
-# API request rates (DRF throttles counted in the shared Redis, jobs/access/throttles.py): per
-# signed-in user (all their tokens and sessions) and per client IP; "off" disables one.
-IMAGEGEN_THROTTLE_USER = env_rate("IMAGEGEN_THROTTLE_USER", "120/min")
+# API request rates (a DRF throttle counted in the shared Redis, jobs/access/throttles.py): per
+# signed-in user (all their tokens and sessions), one rate per scope: submits (requests that
+# change something), reads (a conditional read answered 304 costs a tenth), streams opened;
+# and per client IP for everything; "off" disables one. A client polling two jobs twice a
+# second (240/min) stays well inside the read rate.
+IMAGEGEN_THROTTLE_SUBMIT = env_rate("IMAGEGEN_THROTTLE_SUBMIT", "120/min")
+IMAGEGEN_THROTTLE_READ = env_rate("IMAGEGEN_THROTTLE_READ", "600/min")
+IMAGEGEN_THROTTLE_STREAM = env_rate("IMAGEGEN_THROTTLE_STREAM", "60/min")
 IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
 # /metrics (and /readyz's details): a bearer token, and/or peer addresses (CIDRs) let in without
 # it; the embedded default is open on loopback only. The database gauges are cached per process.
@@ -422,7 +434,7 @@ REST_FRAMEWORK = {
         "jobs.access.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["jobs.access.throttles.UserRateThrottle", "jobs.access.throttles.IPRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["jobs.access.throttles.RequestRateThrottle"],
     "NUM_PROXIES": IMAGEGEN_NUM_PROXIES,
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],

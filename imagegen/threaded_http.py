@@ -8,7 +8,7 @@ those to Django's ASGI handler and Channels).
 
 Admission is bounded: at most threads + IMAGEGEN_WEB_BACKLOG requests are in the process at
 once, and one that waited IMAGEGEN_WEB_QUEUE_TIMEOUT seconds for a thread is not run. Both
-answer 429 + Retry-After, so a burst is shed cheaply instead of queueing without bound (the
+answer 429 + Retry-After naming the pool (`web_backlog`, `web_threads`) and the time waited, so a burst is shed cheaply instead of queueing without bound (the
 latency a client sees stays bounded, and nothing ever times out as a 5xx).
 """
 
@@ -30,9 +30,12 @@ Message = dict[str, Any]
 Send = Callable[[Message], Any]
 
 
-def busy_response() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    body = json.dumps({"detail": BUSY_DETAIL, "limit": "server_busy", "eta_seconds": None,
-                       "retry_after": BUSY_RETRY_AFTER}).encode()
+def busy_response(pool: str, waited: float) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """The shed answer: which pool was full (`web_backlog`: threads and backlog all taken, shed
+    on arrival; `web_threads`: waited the queue timeout for a thread) and how long it waited."""
+    body = json.dumps({"detail": f"{BUSY_DETAIL} ({pool} full; waited {waited:.3f}s)", "limit": "server_busy",
+                       "eta_seconds": None, "retry_after": BUSY_RETRY_AFTER, "pool": pool,
+                       "waited_seconds": round(waited, 3)}).encode()
     return 429, [(b"content-type", b"application/json"), (b"retry-after", str(BUSY_RETRY_AFTER).encode()),
                  (b"content-length", str(len(body)).encode())], body
 
@@ -127,7 +130,7 @@ class ThreadedWSGI:
             return
         if self.in_flight >= self.limit:
             self.shed += 1
-            await self._send_whole(send, *busy_response())
+            await self._send_whole(send, *busy_response("web_backlog", 0.0))
             return
         loop = asyncio.get_running_loop()
         self.in_flight += 1
@@ -146,9 +149,10 @@ class ThreadedWSGI:
     def _run(self, scope: dict, body: bytes, send: Send, loop: asyncio.AbstractEventLoop, queued_at: float):
         """On a pool thread: the whole answer for a plain response (sent by the loop, one hop),
         or None after streaming a streaming response chunk by chunk from here."""
-        if time.monotonic() - queued_at > self.queue_timeout:
+        waited = time.monotonic() - queued_at
+        if waited > self.queue_timeout:
             self.shed += 1
-            return busy_response()
+            return busy_response("web_threads", waited)
         started: dict = {}
 
         def start_response(status: str, headers: list, exc_info=None):
@@ -156,7 +160,9 @@ class ThreadedWSGI:
             started["headers"] = [(k.lower().encode("latin1"), v.encode("latin1")) for k, v in headers]
             return lambda data: None  # the legacy write() callable; Django never uses it
 
-        result = self.wsgi_app(build_environ(scope, body), start_response)
+        environ = build_environ(scope, body)
+        environ["imagegen.thread_wait"] = waited  # for the Server-Timing breakdown (jobs/api/timing.py)
+        result = self.wsgi_app(environ, start_response)
         try:
             if not getattr(result, "streaming", False):
                 return started["status"], started["headers"], b"".join(result)

@@ -255,15 +255,23 @@ def admitted_to(lane: str):
     prompt gate runs in this process under the lane's model name."""
     from django.test import override_settings
 
+    from jobs.pipeline import stages
     from jobs.pipeline.tasks import check_prompt
 
-    original = check_prompt.delay
-    check_prompt.delay = lambda job_id: check_prompt.run(job_id)
+    original = stages.send
+
+    def send(stage, *args, countdown=None):  # the submit's first stage runs here, the rest as routed
+        if stage == "prompt":
+            check_prompt.run(*args)
+            return True
+        return original(stage, *args, countdown=countdown)
+
+    stages.send = send
     try:
         with override_settings(IMAGEGEN_MODEL_NAME=lane):
             yield
     finally:
-        check_prompt.delay = original
+        stages.send = original
 
 
 def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:

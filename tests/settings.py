@@ -53,7 +53,8 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_SIZE_MENU", "64x64,96x64,64x96,96x96,60x60")
     # Tests send far more than a person would, often as one user and from 127.0.0.1: the
     # abuse limits are off unless a test sets them (tests/test_limits.py, test_throttles.py).
-    for name, value in (("IMAGEGEN_THROTTLE_USER", "off"), ("IMAGEGEN_THROTTLE_IP", "off"),
+    for name, value in (("IMAGEGEN_THROTTLE_SUBMIT", "off"), ("IMAGEGEN_THROTTLE_READ", "off"),
+                        ("IMAGEGEN_THROTTLE_STREAM", "off"), ("IMAGEGEN_THROTTLE_IP", "off"),
                         ("IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE", "0"), ("IMAGEGEN_USER_MAX_IN_REVIEW", "1000"),
                         ("IMAGEGEN_USER_MAX_STREAMS", "1000")):
         os.environ.setdefault(name, value)

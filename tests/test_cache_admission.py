@@ -112,7 +112,7 @@ def test_with_allow_degrade_the_job_is_accepted_with_fewer_steps(workers, alice_
 
 
 def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)  # stay queued
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)  # stay queued
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 2
     for i in range(2):
         assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": i}, format="json").status_code == 202
@@ -122,7 +122,7 @@ def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, 
 
 
 def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
     settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY = 5
     assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 4}, format="json").status_code == 202
     response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 2}, format="json")

@@ -94,7 +94,7 @@ def test_a_job_cancelled_mid_run_is_charged_and_one_cancelled_before_it_ran_is_n
         assert time.monotonic() < deadline, GenerationJob.objects.get(id=running["id"]).status
         time.sleep(0.02)
     assert alice_api.post(f"/api/v1/jobs/{running['id']}/cancel").status_code == 202
-    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)  # never leaves the queue
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)  # never leaves the queue
     never = alice_api.post("/api/v1/jobs", {"prompt": "a purple square", "seed": 6, "steps": 2, "count": 2}, format="json")
     assert never.status_code == 202
     assert alice_api.post(f"/api/v1/jobs/{never.json()['id']}/cancel").status_code == 202
@@ -129,7 +129,7 @@ def test_jobs_held_for_review_are_bounded_per_user(alice_api, bob_api, settings,
     from jobs.pipeline.tasks import check_prompt
 
     settings.IMAGEGEN_USER_MAX_IN_REVIEW = 3
-    monkeypatch.setattr("jobs.pipeline.tasks.check_prompt.delay", lambda job_id: None)
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
     # all five pass the submit-time bound before any is checked; the gate keeps the bound
     ids = [alice_api.post("/api/v1/jobs", {"prompt": HELD, "seed": i, "steps": 2}, format="json").json()["id"] for i in range(5)]
     for job_id in ids:

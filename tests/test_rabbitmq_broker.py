@@ -34,10 +34,13 @@ def test_a_job_runs_end_to_end_over_a_rabbitmq_broker(worker_env, start_worker, 
     start_worker("amqp-gpu", f"{settings.QUEUE_GPU_PREFIX}{lane}", **env)
     # This process is the web tier of that deployment: its first task goes out over RabbitMQ too.
     amqp_app = Celery(broker=AMQP, set_as_current=False)  # never replace the project app for later tests
-    monkeypatch.setattr(
-        "jobs.pipeline.tasks.check_prompt.delay",
-        lambda job_id: amqp_app.send_task("jobs.pipeline.tasks.check_prompt", args=[job_id], queue="cpu-amqp"),
-    )
+    from jobs.pipeline import stages
+
+    def send(stage, *args, countdown=None):  # the submit dispatches its first stage through the table
+        amqp_app.send_task(stages.STAGES[stage].task, args=list(args), queue="cpu-amqp", countdown=countdown)
+        return True
+
+    monkeypatch.setattr("jobs.pipeline.stages.send", send)
     with override_settings(IMAGEGEN_MODEL_NAME=lane):
         job = submit(alice_api, steps=2, seed=808, prompt="a rabbit-shaped square")
         done = wait_for_status(job["id"], ("done",), timeout=90)

@@ -75,9 +75,18 @@ def generating(backend, request, monkeypatch):
         yield backend
         return
     request.getfixturevalue("s3_gpu_worker")
+    from jobs.pipeline import stages
     from jobs.pipeline.tasks import check_prompt
 
-    monkeypatch.setattr(check_prompt, "delay", lambda job_id: check_prompt.run(job_id))
+    real_send = stages.send
+
+    def send(stage, *args, countdown=None):  # the prompt check runs here, the later stages on workers
+        if stage == "prompt":
+            check_prompt.run(*args)
+            return True
+        return real_send(stage, *args, countdown=countdown)
+
+    monkeypatch.setattr(stages, "send", send)
     with override_settings(IMAGEGEN_MODEL_NAME=S3_MODEL_NAME):
         yield backend
 

@@ -38,13 +38,15 @@ def fresh_counters():
 
 
 def test_requests_past_the_per_user_rate_get_429_with_retry_after(alice, alice_api, bob_api, settings):
-    settings.IMAGEGEN_THROTTLE_USER = "5/min"
+    settings.IMAGEGEN_THROTTLE_READ = "5/min"
+    settings.IMAGEGEN_THROTTLE_SUBMIT = "1/min"
     codes = [alice_api.get("/api/v1/jobs").status_code for _ in range(7)]
     assert codes == [200] * 5 + [429] * 2, codes
+    assert alice_api.post("/api/v1/jobs", {"prompt": ""}, format="json").status_code == 400  # its own rate
     refused = alice_api.post("/api/v1/jobs", {"prompt": "a red circle"}, format="json")
     assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
     body = refused.json()
-    assert body["limit"] == "requests_per_user" and body["retry_after"] == int(refused["Retry-After"])
+    assert body["limit"] == "submits_per_user" and body["retry_after"] == int(refused["Retry-After"])
     assert set(body) == {"detail", "limit", "eta_seconds", "retry_after"}
     assert bob_api.get("/api/v1/jobs").status_code == 200  # another user has a budget of their own
     bearer = APIClient()

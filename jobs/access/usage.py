@@ -16,7 +16,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
 from jobs.models import GenerationJob, JobStatus, UsageCharge
@@ -28,6 +28,24 @@ UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.REVIEW)
 def lock_user(user_id) -> None:
     """Serialise this user's limit checks with their writes until the transaction ends."""
     list(get_user_model().objects.select_for_update().filter(pk=user_id).values_list("pk", flat=True))
+
+
+def lock_and_count(user_id, priority: str = "interactive", now: datetime | None = None) -> tuple[int, int, int]:
+    """lock_user, unfinished and images_charged in one statement: the user's row locked (FOR
+    UPDATE on PostgreSQL) with (jobs in flight, images reserved, images charged in the last 24 h)
+    of the tier as scalar subqueries. The submit's hot path: one round trip instead of three."""
+    since = (now or timezone.now()) - QUOTA_WINDOW
+    mine = GenerationJob.objects.filter(owner_id=OuterRef("pk"), priority=priority).order_by().values("owner_id")
+    in_flight = mine.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).annotate(n=Count("id")).values("n")
+    reserved = mine.filter(status__in=UNFINISHED, charged_at=None).annotate(n=Sum("billable_images")).values("n")
+    charged = (UsageCharge.objects.filter(user_id=OuterRef("pk"), charged_at__gte=since, priority=priority)
+               .order_by().values("user_id").annotate(n=Sum("images")).values("n"))
+    row = (get_user_model().objects.select_for_update().filter(pk=user_id)
+           .annotate(in_flight=Subquery(in_flight), reserved=Subquery(reserved), charged=Subquery(charged))
+           .values_list("in_flight", "reserved", "charged").first())
+    if row is None:
+        return 0, 0, 0
+    return row[0] or 0, row[1] or 0, row[2] or 0
 
 
 def jobs_in_flight(user_id, priority: str = "interactive") -> int:

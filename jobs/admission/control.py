@@ -33,19 +33,24 @@ def _limits(priority: str) -> tuple[int, int]:
     return settings.IMAGEGEN_USER_MAX_IN_FLIGHT, settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY
 
 
-def check_user_limits(user, images: int | None, priority: str = "interactive") -> None:
+def check_user_limits(user, images: int | None, priority: str = "interactive", locked: bool = False) -> None:
     """Refused past the user's in-flight jobs or daily images (charged GPU work plus what their
     unfinished jobs reserve, jobs/access/usage.py), counted per priority tier (batch work has its own
     limits). Atomic with the insert only when called inside the
     submit's transaction after usage.lock_user (jobs/pipeline/submit.py); `images` None: the early,
     unlocked check of the in-flight limit alone, so a user at it costs no estimate. (Cases held
-    for review are bounded where they are made: the prompt gate and appeals.)"""
+    for review are bounded where they are made: the prompt gate and appeals.) `locked`: take the
+    user's lock and every count in one statement (usage.lock_and_count), inside the caller's
+    transaction."""
     from jobs.access import usage
 
     max_in_flight, limit = _limits(priority)
     tier = " batch" if priority == "batch" else ""
+    charged: int | None = None
     if images is None:
         in_flight, reserved = usage.jobs_in_flight(user.pk, priority), 0
+    elif locked:
+        in_flight, reserved, charged = usage.lock_and_count(user.pk, priority)
     else:
         in_flight, reserved = usage.unfinished(user.pk, priority)
     if in_flight >= max_in_flight:
@@ -57,7 +62,8 @@ def check_user_limits(user, images: int | None, priority: str = "interactive") -
         )
     if images is None:
         return
-    charged = usage.images_charged(user.pk, priority=priority)
+    if charged is None:
+        charged = usage.images_charged(user.pk, priority=priority)
     used = charged + reserved
     if used + images > limit:
         # Over on charges alone: when enough of them age out of the 24 h. Otherwise the images of

@@ -18,11 +18,14 @@ from __future__ import annotations
 import logging
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DatabaseError
 from django.http import JsonResponse
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from jobs.access.throttles import RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -54,21 +57,38 @@ def _is_nul_error(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "NUL (0x00)" in str(exc)
 
 
-def _is_busy(exc: BaseException) -> bool:
-    """A local resource ran out, not a dependency: this process's Redis pool stayed full for
-    its timeout, a non-blocking pool hit its limit, SQLite's write lock stayed taken past its
-    timeout, or a database pool had no free connection in time."""
+def busy_pool(exc: BaseException) -> tuple[str, float | None] | None:
+    """(the pool that was full, how long the request waited for it) when a local resource ran
+    out, not a dependency: this process's Redis pool stayed full for its timeout (`redis`), a
+    non-blocking Redis pool hit its limit, SQLite's write lock stayed taken past its timeout
+    (`database_lock`), or a database pool had no free connection in time (`database`). Each
+    of these waits its pool's whole timeout before it fails, so that is the time waited."""
     try:
         from redis.exceptions import MaxConnectionsError
 
         from imagegen.redis_client import PoolBusy
     except ImportError:  # pragma: no cover
-        return False
-    if isinstance(exc, PoolBusy | MaxConnectionsError):
-        return True
+        return None
+    if isinstance(exc, PoolBusy):
+        return "redis", settings.IMAGEGEN_REDIS_POOL_TIMEOUT
+    if isinstance(exc, MaxConnectionsError):
+        return "redis", 0.0
     if isinstance(exc, DatabaseError) and "database is locked" in str(exc):
-        return True
-    return type(exc).__name__ == "PoolTimeout" or type(getattr(exc, "__cause__", None)).__name__ == "PoolTimeout"
+        return "database_lock", settings.DATABASES["default"].get("OPTIONS", {}).get("timeout")
+    if type(exc).__name__ == "PoolTimeout" or type(getattr(exc, "__cause__", None)).__name__ == "PoolTimeout":
+        return "database", None
+    return None
+
+
+def _is_busy(exc: BaseException) -> bool:
+    return busy_pool(exc) is not None
+
+
+def busy(exc: BaseException) -> RateLimited:
+    """The server_busy 429, naming the pool that was full and how long the request waited."""
+    pool, waited = busy_pool(exc) or ("unknown", None)
+    said = f" ({pool} full" + (f"; waited {waited:g}s)" if waited is not None else ")")
+    return RateLimited(BUSY_RETRY_AFTER_SECONDS, "server_busy", BUSY + said, pool=pool, waited_seconds=waited)
 
 
 def classify(exc: BaseException, request=None) -> tuple[int, str] | None:
@@ -115,6 +135,8 @@ def exception_handler(exc, context):
     if mapped is None:
         return None
     status, detail = mapped
+    if status == 429:  # every 429 is a Throttled, answered by DRF's own handler
+        return drf_exception_handler(busy(exc), context)
     return Response(_body(status, detail), status=status, headers=_retry_after(status))
 
 
@@ -160,4 +182,7 @@ class ServiceUnavailableMiddleware:
         mapped = classify(exc, request)
         if mapped is None:
             return None
+        if mapped[0] == 429:
+            limited = busy(exc)
+            return JsonResponse(limited.detail, status=429, headers={"Retry-After": str(limited.wait)})
         return json_error(*mapped)

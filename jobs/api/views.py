@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 from imagegen import metrics
 from jobs import actions
 from jobs.access import usage
+from jobs.access.throttles import RateLimited
 from jobs.admission.control import Refused
 from jobs.api import idempotency, prefer
 from jobs.api.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
@@ -30,13 +31,9 @@ from jobs.representation import JobSerializer
 _json = JSONRenderer()
 
 
-def refused_response(refused: Refused) -> Response:
-    return Response(
-        {"detail": refused.message, "limit": refused.limit, "eta_seconds": refused.eta_seconds,
-         "retry_after": refused.retry_after},
-        status=status.HTTP_429_TOO_MANY_REQUESTS,
-        headers={"Retry-After": str(refused.retry_after)},
-    )
+def limited(refused: Refused) -> RateLimited:
+    """An admission limit's refusal as the API's one 429 (a DRF Throttled)."""
+    return RateLimited(refused.retry_after, refused.limit, refused.message, eta_seconds=refused.eta_seconds)
 
 
 def own_job(request, job_id) -> GenerationJob:
@@ -93,7 +90,7 @@ class JobListCreate(ListAPIView):
             return Response({"detail": exc.message, idempotency.HEADER: [exc.message]}, status=exc.status)
         except Refused as refused:
             metrics.inc("imagegen_shed_total", limit=refused.limit)
-            return refused_response(refused)
+            raise limited(refused) from None
         if replayed:  # the job an earlier request with this Idempotency-Key made
             return Response(JobSerializer(job, context={"estimate": True}).data, status=status.HTTP_200_OK)
         wait = prefer.requested_wait(request)
@@ -165,7 +162,7 @@ class JobAppeal(APIView):
                 usage.lock_user(request.user.pk)
                 held = usage.review_cases(request.user.pk)
                 if held >= settings.IMAGEGEN_USER_MAX_IN_REVIEW:
-                    return refused_response(Refused(
+                    raise limited(Refused(
                         f"You have {held} jobs waiting for a moderator; the limit is "
                         f"{settings.IMAGEGEN_USER_MAX_IN_REVIEW}. Wait for a decision.", retry_after=60,
                         limit="held_for_review"))

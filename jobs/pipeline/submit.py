@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from imagegen import metrics
 from jobs import actions
-from jobs.access import usage
 from jobs.admission import control as admission
 from jobs.media import cache
 from jobs.models import GenerationJob
+from jobs.pipeline import stages
 from scheduling import lanes, scheduler
 
 
@@ -27,8 +27,6 @@ def submit_job(owner, data: dict) -> GenerationJob:
     The user's limits are checked twice: the in-flight limit first without a lock, so a user at
     it costs no estimate, then all of them inside the transaction that inserts the job, under
     the user's lock (jobs/access/usage.py), so concurrent submits cannot all pass one count."""
-    from jobs.pipeline.tasks import check_prompt
-
     seed = data.get("seed")
     shared = cache.shares(seed_given=seed is not None)
     if seed is None:
@@ -70,8 +68,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
     cached = cache.in_format(job, cached)  # a hit stored in another format is converted, not made again
     job.billable_images = job.count - len(cached)
     with transaction.atomic():
-        usage.lock_user(owner.pk)
-        admission.check_user_limits(owner, job.billable_images, job.priority)
+        admission.check_user_limits(owner, job.billable_images, job.priority, locked=True)  # lock + counts: one statement
         if len(cached) == job.count:
             actions.finish_from_cache(job, cached)
         else:
@@ -79,7 +76,8 @@ def submit_job(owner, data: dict) -> GenerationJob:
             actions.create_queued(job, cached)
             # Robust: a broker outage must not turn an accepted (committed) job into an error
             # answer that invites a duplicate; the reaper re-sends lost prompt checks.
-            transaction.on_commit(lambda: check_prompt.delay(str(job.id)), robust=True)
+            # The first stage, through the stage table (jobs/pipeline/stages.py: its task and queue).
+            transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
     return job
 
 
