@@ -140,3 +140,37 @@ def test_a_user_cannot_hold_more_open_streams_than_the_cap(worker_env, transacti
         assert other.status_code == 200
     finally:
         stop_daphne(server)
+
+
+def test_opening_streams_has_a_rate_of_its_own_on_sse_and_websockets(worker_env, transactional_db):
+    """Issue 28 item 13: streams are a scope of their own (IMAGEGEN_THROTTLE_STREAM), apart from
+    the cap on streams open at once; past it both transports refuse with streams_per_user."""
+    server = start_daphne({**worker_env, "IMAGEGEN_THROTTLE_STREAM": "3/min", "IMAGEGEN_USER_MAX_STREAMS": "50"},
+                          settings.VAR_DIR, name="daphne-stream-rate", collectstatic=False)
+    try:
+        alice, bob = make_user("alice"), make_user("bob")
+        job, bobs_job = make_job(alice, status="done"), make_job(bob, status="done")
+        sse = f"{server.url}/api/v1/jobs/{job.id}/events"
+        auth = {"Authorization": f"Token {alice.auth_token.key}"}
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=10) as http:
+                answers = [await http.get(sse, headers=auth) for _ in range(4)]
+                bobs = await http.get(f"{server.url}/api/v1/jobs/{bobs_job.id}/events",
+                                      headers={"Authorization": f"Token {bob.auth_token.key}"})
+            ws = await websockets.connect(f"{server.ws_url}/ws/jobs/{job.id}/", origin=server.origin,
+                                          additional_headers=auth, open_timeout=10)
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(ws.recv(), 10)
+            return answers, bobs, first, closed.value.rcvd.code if closed.value.rcvd else None
+
+        answers, bobs, first, code = asyncio.run(scenario())
+        assert [a.status_code for a in answers] == [200, 200, 200, 429]
+        over = answers[3]
+        assert over.json()["limit"] == "streams_per_user" and int(over.headers["retry-after"]) >= 1
+        assert bobs.status_code == 200   # per user
+        assert first["type"] == "error" and first["limit"] == "streams_per_user" and first["retry_after"] >= 1, first
+        assert code == 4429
+    finally:
+        stop_daphne(server)

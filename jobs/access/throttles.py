@@ -122,6 +122,26 @@ class RequestRateThrottle(BaseThrottle):
         return None
 
 
+def stream_refusal(user_pk) -> RateLimited | None:
+    """The `stream` scope for the event streams, which are not DRF views (SSE is an async view,
+    websockets a consumer): count one stream opened by the user; past the rate, the refusal to
+    answer with (`streams_per_user`). Lets the stream through when Redis is down, as the throttle
+    does; the cap on streams open at once (jobs/realtime/streams.py) still holds."""
+    setting, name, what = SCOPES["stream"]
+    rate = ratelimit.parse_rate(getattr(settings, setting))
+    if rate is None:
+        return None
+    try:
+        verdict = ratelimit.take_all([ratelimit.Limit(f"stream:{user_pk}", rate[0] * UNIT, rate[1], UNIT)])[0]
+    except RedisError:
+        log.warning("stream rate not checked (Redis unavailable)", exc_info=True)
+        return None
+    if verdict.allowed:
+        return None
+    return RateLimited(verdict.retry_after, name, f"More than {rate[0]} {what} from your account in {rate[1]:g}s. "
+                                                  f"Try again in {verdict.retry_after}s.")
+
+
 def _headers(state: _State) -> dict[str, str]:
     """The tighter limit's RateLimit-* fields (draft-ietf-httpapi-ratelimit-headers)."""
     pairs = list(zip(state.limits, state.verdicts, strict=True))

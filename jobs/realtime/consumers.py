@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 
+from asgiref.sync import sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from jobs.access.throttles import stream_refusal
 from jobs.api.errors import RETRY_AFTER_SECONDS
 from jobs.realtime import streams
 from jobs.realtime.state import EventOrder, current_events, job_hub, owned_job
@@ -50,6 +52,11 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         job = await owned_job(user, self.job_id)
         if job is None:
             await self.close(code=CLOSE_NOT_FOUND)
+            return
+        refused = await sync_to_async(stream_refusal)(user.pk)
+        if refused is not None:
+            detail = refused.detail
+            await self._refuse(CLOSE_TOO_MANY_STREAMS, detail["detail"], detail["limit"], detail["retry_after"])
             return
         try:
             self.slot = await streams.acquire(user.pk)

@@ -16,9 +16,11 @@ import asyncio
 import json
 import time
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import JsonResponse, StreamingHttpResponse
 
+from jobs.access.throttles import stream_refusal
 from jobs.api.errors import REDIS_DOWN, RETRY_AFTER_SECONDS
 from jobs.realtime import streams
 from jobs.realtime.state import EventOrder, authenticate_header_or_session, current_events, job_hub, owned_job
@@ -40,6 +42,9 @@ async def job_events(request, job_id):
     job = await owned_job(user, job_id)
     if job is None:
         return JsonResponse({"detail": "No GenerationJob matches the given query."}, status=404)
+    refused = await sync_to_async(stream_refusal)(user.pk)
+    if refused is not None:
+        return JsonResponse(refused.detail, status=429, headers={"Retry-After": str(refused.detail["retry_after"])})
     try:
         slot = await streams.acquire(user.pk)
     except streams.StreamsUnavailable:
