@@ -14,7 +14,7 @@ free-form rendering of it (the source) drawn from templates and synonyms.
   prompt as it is); 12% are out of the domain (no shape the model can draw), whose target is
   ``KEEP``: the serving code then keeps the user's prompt unchanged.
 * What the user leaves out, the caption needs: a missing background becomes white (black where a
-  shape is white), a missing shape colour white (black on a white background); a scene whose
+  shape is white, then blue), a missing shape colour white (black on a white background); a scene whose
   colours collide (a red star on red) is not generated.
 
 Every sample is a pure function of ``(split, seed, index)``.
@@ -103,6 +103,14 @@ TRAIN_TEMPLATES = [
     "{shapes} in front of a {bg} wall", "{shapes} set against a {bg} background, high quality",
     "{shapes} on a {bg} canvas", "simple drawing: {shapes}, {bg} background",
     "{shapes} against the {bgword}", "{shapes} floating in a {bgword}",
+    "{shapes} resting on a {bg} floor", "{shapes} lying on a {bg} table", "{shapes} over {bg}",
+    "{shapes} with {bg} behind it", "{shapes}. background: {bg}", "{shapes}; the background is {bg}",
+    "{bg} canvas, {shapes}", "{bg} wallpaper showing {shapes}", "a {bg} poster of {shapes}",
+    "{shapes} drawn on {bg} paper", "{shapes} in the {bgword}", "{shapes} beneath the {bgword}",
+    "make {shapes} with a {bg} background", "generate {shapes} on a {bg} backdrop, sharp",
+    "{shapes} and a {bg} background", "{shapes} in the centre of a {bg} square canvas",
+    "illustration of {shapes} over a {bg} ground", "{shapes}, flat {bg} background, vector art",
+    "a photo of {shapes} on a {bg} sheet", "{bg}: {shapes}", "{shapes} - {bg} bg",
 ]
 HELDOUT_TEMPLATES = [
     "i would like {shapes} on a {bg} background", "show me {shapes} placed on {bg}",
@@ -112,7 +120,9 @@ HELDOUT_TEMPLATES = [
     "{shapes} under a {bgword}", "a {bg} scene with {shapes}",
 ]
 ORDER_TRAIN = ["{size} {colour} {shape}", "{colour} {shape}", "{size} {shape} in {colour}",
-               "{shape} coloured {colour}", "{colour} {size} {shape}", "{shape} that is {colour}"]
+               "{shape} coloured {colour}", "{colour} {size} {shape}", "{shape} that is {colour}",
+               "{shape} in a {colour} shade", "{colour} tinted {shape}", "{shape} ({colour})",
+               "{shape} with a {colour} colour", "{colour} {shape} of {size} size", "{shape} in bright {colour}"]
 ORDER_HELDOUT = ["{size} {shape}, {colour}", "{shape} of {colour} colour", "{colour}-coloured {size} {shape}",
                  "{shape} painted {colour}"]
 
@@ -134,9 +144,9 @@ class Sample:
 def canonical(shapes: list[Shape], background: str | None) -> str:
     """The caption the image model was trained on, filling in what the user left out."""
     colours = [s.colour for s in shapes if s.colour]
-    bg = background or ("black" if "white" in colours else "white")
+    bg = background or next(c for c in ("white", "black", "blue", "green") if c not in colours)
     parts = []
-    used = set()
+    used = set(colours)
     for s in shapes:
         colour = s.colour or next(c for c in ("white", "black", "red", "blue") if c != bg and c not in used)
         used.add(colour)
@@ -159,7 +169,8 @@ def _scene(rng: np.random.Generator) -> tuple[list[Shape], str | None]:
         size = _pick(rng, SIZES) if rng.random() < 0.6 else None
         shapes.append(Shape(_pick(rng, SHAPES), colour, size))
     if bg is None and any(s.colour is None for s in shapes):
-        shapes = [Shape(s.kind, s.colour or next(c for c in COLOUR_NAMES if c not in cols), s.size) for s in shapes]
+        spare = [c for c in COLOUR_NAMES if c not in cols]
+        shapes = [Shape(s.kind, s.colour or spare[i], s.size) for i, s in enumerate(shapes)]
     return shapes, bg
 
 
@@ -179,10 +190,10 @@ def _english(rng, shapes: list[Shape], bg: str | None, heldout: bool) -> str:
         else:
             order = _pick(rng, orders)
             if s.size is None:
-                order = order.replace("{size} ", "").replace(" {size}", "")
+                order = order.replace(" of {size} size", "").replace("{size} ", "").replace(" {size}", "")
             elif "{size}" not in order:
                 order = "{size} " + order
-            colour_after = order.index("{colour}") > order.index("{shape}") and "colour of" not in order
+            colour_after = order.endswith("{colour}")    # where "the colour of snow" reads as English
             colour = _colour_phrase(rng, s.colour) if colour_after else _pick(rng, COLOUR_WORDS[s.colour])
             phrase = order.format(size=_pick(rng, SIZE_WORDS[s.size]) if s.size else "", colour=colour, shape=shape)
         art = "an" if phrase[0] in "aeiou" else "a"
