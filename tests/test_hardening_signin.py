@@ -9,11 +9,25 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.test import Client
 
+from imagegen.redis_client import PREFIX, get_redis
 from tests.conftest import make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ATTACKER, OWNER = "198.51.100.66", "203.0.113.10"
+
+
+@pytest.fixture(autouse=True)
+def no_sign_in_history():
+    """The sign-in counters live in Redis, across tests: start and leave each test without any."""
+    def clear():
+        keys = list(get_redis().scan_iter(f"{PREFIX}signin:*"))
+        if keys:
+            get_redis().delete(*keys)
+
+    clear()
+    yield
+    clear()
 
 
 def sign_in(username: str, password: str, address: str, path: str = "/accounts/login/"):

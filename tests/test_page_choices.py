@@ -135,11 +135,14 @@ def test_a_revised_prompt_in_the_job_is_shown_beside_the_prompt(workers, daphne_
                 job["revised_prompt"] = revised
         route.fulfill(response=response, body=json.dumps(data), headers={**response.headers, "content-type": "application/json"})
 
-    page.route("**/api/v1/jobs*", add_revised)
+    page.route("**/api/v1/jobs**", add_revised)   # the submit and every poll of the job
     page.get_by_label("Prompt", exact=True).fill("a red circle")
     page.get_by_role("button", name="Generate").click()
     page.wait_for_selector("#current-revised:not([hidden])")
+    # it stays through the job's events (they carry the status, not the prompts)
+    page.wait_for_function("document.getElementById('current-status').textContent === 'done'", timeout=60_000)
     assert page.locator("#current-revised-text").text_content() == revised
+    assert page.locator("#current-revised").is_visible()
     wait_done(page)
     page.wait_for_selector(".gallery .tile-revised")
     assert page.locator(".gallery .tile-revised").first.text_content() == f"revised: {revised}"

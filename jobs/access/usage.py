@@ -31,16 +31,21 @@ def lock_user(user_id) -> None:
 
 
 def lock_and_count(user_id, priority: str = "interactive", now: datetime | None = None) -> tuple[int, int, int]:
-    """lock_user, unfinished and images_charged in one statement: the user's row locked (FOR
-    UPDATE on PostgreSQL) with (jobs in flight, images reserved, images charged in the last 24 h)
-    of the tier as scalar subqueries. The submit's hot path: one round trip instead of three."""
+    """lock_user, then (jobs in flight, images reserved, images charged in the last 24 h) of the
+    tier in one more statement, as scalar subqueries on the user's row: two round trips
+    instead of four. The counts must be a statement of their own AFTER the lock: PostgreSQL
+    (READ COMMITTED) evaluates a statement's subqueries on the snapshot it took before it waited
+    for a row lock, so `SELECT ... FOR UPDATE` with the counts in it would count what was there
+    before the previous holder committed, and forty concurrent submits passed the limits
+    (tests/test_limits.py)."""
+    lock_user(user_id)
     since = (now or timezone.now()) - QUOTA_WINDOW
     mine = GenerationJob.objects.filter(owner_id=OuterRef("pk"), priority=priority).order_by().values("owner_id")
     in_flight = mine.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).annotate(n=Count("id")).values("n")
     reserved = mine.filter(status__in=UNFINISHED, charged_at=None).annotate(n=Sum("billable_images")).values("n")
     charged = (UsageCharge.objects.filter(user_id=OuterRef("pk"), charged_at__gte=since, priority=priority)
                .order_by().values("user_id").annotate(n=Sum("images")).values("n"))
-    row = (get_user_model().objects.select_for_update().filter(pk=user_id)
+    row = (get_user_model().objects.filter(pk=user_id)
            .annotate(in_flight=Subquery(in_flight), reserved=Subquery(reserved), charged=Subquery(charged))
            .values_list("in_flight", "reserved", "charged").first())
     if row is None:

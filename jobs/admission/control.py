@@ -40,7 +40,7 @@ def check_user_limits(user, images: int | None, priority: str = "interactive", l
     submit's transaction after usage.lock_user (jobs/pipeline/submit.py); `images` None: the early,
     unlocked check of the in-flight limit alone, so a user at it costs no estimate. (Cases held
     for review are bounded where they are made: the prompt gate and appeals.) `locked`: take the
-    user's lock and every count in one statement (usage.lock_and_count), inside the caller's
+    user's lock, then every count in one statement (usage.lock_and_count), inside the caller's
     transaction."""
     from jobs.access import usage
 
