@@ -38,6 +38,7 @@ class Process:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     image: str = ""
+    gpu: bool = False
 
 
 def procfile() -> dict[str, Process]:
@@ -65,7 +66,8 @@ def manifest() -> list[Process]:
             continue
         for c in doc["spec"]["template"]["spec"]["containers"]:
             env = {e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e}
-            containers.append(Process(c["name"], [str(w) for w in c["command"] + c.get("args", [])], env, c["image"]))
+            gpu = "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
+            containers.append(Process(c["name"], [str(w) for w in c["command"] + c.get("args", [])], env, c["image"], gpu))
     return containers
 
 
@@ -149,17 +151,30 @@ def test_the_deploy_files_consume_every_routed_queue():
         assert not missing, f"deploy/{name} consumes no {sorted(missing)}"
 
 
-def readme_image() -> str:
-    """The tag the README's build command gives the image (`... build -f Containerfile -t NAME .`)."""
-    built = set(re.findall(r"(?:podman|docker) build -f Containerfile -t (\S+) \.", (ROOT / "README.md").read_text()))
-    assert len(built) == 1, f"the README builds the image as {sorted(built) or 'nothing'}"
-    name = built.pop()
+def tagged(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
 
 
-def test_the_manifest_runs_the_image_the_readme_builds():
-    images = {c.image if ":" in c.image.rsplit("/", 1)[-1] else c.image + ":latest" for c in manifest()}
-    assert images == {readme_image()}
+def readme_images() -> dict[str, str]:
+    """The tags the README's build commands give the images (`... build -f Containerfile
+    [--build-arg A=B ...] -t NAME .`), each with its build arguments."""
+    built: dict[str, str] = {}
+    for args, name in re.findall(r"(?:podman|docker) build -f Containerfile((?: --build-arg \S+)*) -t (\S+) \.",
+                                 (ROOT / "README.md").read_text()):
+        assert built.get(tagged(name), args) == args, f"the README builds {name} two ways"
+        built[tagged(name)] = args
+    return built
+
+
+def test_the_manifest_runs_the_images_the_readme_builds():
+    """Every container runs an image the README builds from the Containerfile: the GPU workers
+    the one with torch's CUDA build (--build-arg TORCH_INDEX=...), every other the default
+    (CPU torch)."""
+    built = readme_images()
+    for c in manifest():
+        assert tagged(c.image) in built, f"{c.name} runs {c.image}, which the README does not build"
+        cuda = "TORCH_INDEX=" in built[tagged(c.image)]
+        assert cuda == c.gpu, f"{c.name} runs {c.image}: {'CUDA' if cuda else 'CPU'} torch on a {'GPU' if c.gpu else 'CPU'} pod"
 
 
 # The Containerfile, read without a container runtime.
@@ -299,7 +314,8 @@ def test_the_images_default_command_is_a_procfile_line_and_exists():
 
 def test_the_containerfile_installs_the_projects_requirements():
     """requirements.txt is copied from the project and installed with -r; the only other package
-    named is torch, at requirements.txt's exact pin (from the CPU index), read from that file."""
+    named is torch, at requirements.txt's exact pin read from that file, from TORCH_INDEX (by
+    default the CPU index)."""
     assert (["requirements.txt"], str(workdir() / "requirements.txt")) in copies()
     runs = " && ".join(rest for keyword, rest in instructions() if keyword == "RUN")
     installs = [c.strip() for c in re.split(r"&&|;", runs) if re.match(r"\s*(python -m )?pip install", c.strip())]
@@ -313,7 +329,8 @@ def test_the_containerfile_installs_the_projects_requirements():
         if "$(grep -E '^torch==' requirements.txt)" in command:
             grep = subprocess.run(["grep", "-E", "^torch==", "requirements.txt"], cwd=ROOT, capture_output=True, text=True)
             assert grep.stdout.splitlines() == pins
-            assert "--index-url https://download.pytorch.org/whl/cpu" in command
+            assert '--index-url "$TORCH_INDEX"' in command
+    assert ("ARG", "TORCH_INDEX=https://download.pytorch.org/whl/cpu") in instructions(), "the default image's torch is not the CPU build"
 
 
 def test_the_requirements_resolve_in_a_clean_virtualenv(tmp_path):
