@@ -126,6 +126,23 @@ def test_the_procfile_and_the_manifest_run_the_same_commands():
     assert not problems, f"deploy/kubernetes.yaml differs from deploy/Procfile: {problems}"
 
 
+def test_the_manifests_web_port_is_the_one_it_listens_on():
+    """The port the manifest's web command binds (the Procfile's $PORT) is the container port
+    and the probes' port, and the image's default command binds the port it exposes."""
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            if "--port" in c["command"]:
+                port = int(c["command"][c["command"].index("--port") + 1])
+                assert [p["containerPort"] for p in c["ports"]] == [port], c["name"]
+                for probe in ("readinessProbe", "livenessProbe"):
+                    assert c[probe]["httpGet"]["port"] == port, (c["name"], probe)
+    found = dict(instructions())
+    argv = json.loads(found["CMD"])
+    assert found["EXPOSE"] == argv[argv.index("--port") + 1]
+
+
 def test_the_procfile_and_the_manifest_consume_the_same_queues():
     lines = procfile()
     for c in manifest():
