@@ -130,32 +130,6 @@ def test_a_stage_run_that_lost_its_lease_changes_nothing(workers, start_worker, 
         gpu.stop()
 
 
-def _consumed(path: Path) -> set[str]:
-    """The queues a deploy file's worker commands consume (`-Q a,b` in a Procfile line or a
-    Kubernetes command list)."""
-    import re
-
-    queues: set[str] = set()
-    for match in re.finditer(r"-Q[,\s]+\"?([A-Za-z0-9_.$@,{}-]+)", path.read_text()):
-        queues |= set(match.group(1).split(","))
-    return queues
-
-
-def test_the_deploy_files_consume_every_routed_queue():
-    """Every queue of the routing table (the stage table and the upkeep tasks) has a consumer in
-    deploy/Procfile and in deploy/kubernetes.yaml; a lane's queue is any queue under the GPU prefix."""
-    from jobs.pipeline import stages
-
-    routed = stages.routed_queues()
-    assert {"cpu", "io", "classify", "webhooks", settings.QUEUE_GPU_PREFIX + "{lane}"} <= routed
-    for name in ("Procfile", "kubernetes.yaml"):
-        consumed = _consumed(ROOT / "deploy" / name)
-        missing = {q for q in routed if "{lane}" not in q and q not in consumed}
-        if not any(q.startswith(settings.QUEUE_GPU_PREFIX) for q in consumed):
-            missing.add(settings.QUEUE_GPU_PREFIX + "{lane}")
-        assert not missing, f"deploy/{name} consumes no {sorted(missing)}"
-
-
 def test_prompt_checks_have_a_pool_of_their_own_in_make_run():
     """`make run` starts the classify stage and webhook deliveries in workers of their own, so
     neither a slow classifier nor a slow receiver delays a prompt check."""

@@ -1,0 +1,369 @@
+"""The deploy files as one list: deploy/Procfile and deploy/kubernetes.yaml run the same process
+types with the same commands (modulo the Procfile's shell wrapper: its `VAR=value` prefixes are the
+manifest's `env`, its `$VAR` / `${VAR:-default}` are whatever the manifest writes there, a value
+its `env` sets when it sets one) and consume the same queues, every queue of the routing table has
+a consumer in both, and the image the manifest names is the one the README builds from the
+Containerfile. What can be checked of the Containerfile without a container runtime is checked
+here too: its COPY sources exist and are not ignored, its default command is a Procfile line, it
+installs the project's requirements, and those resolve in a clean virtualenv."""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import yaml
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+CONTAINERFILE = ROOT / "Containerfile"
+
+PLACEHOLDER = re.compile(r"\$\{(?P<braced>[A-Za-z_]\w*)(?::-(?P<default>[^}]*))?\}|\$(?P<bare>[A-Za-z_]\w*)")
+ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
+
+
+@dataclass
+class Process:
+    """One process type as a deploy file runs it."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+    gpu: bool = False
+
+
+def procfile() -> dict[str, Process]:
+    """deploy/Procfile's lines (`type: [VAR=value ...] command ...`), split as a shell would."""
+    processes: dict[str, Process] = {}
+    for line in (DEPLOY / "Procfile").read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, command = line.partition(":")
+        words = shlex.split(command)
+        env = {}
+        while words and ASSIGNMENT.match(words[0]):
+            key, _, value = words.pop(0).partition("=")
+            env[key] = value
+        assert name.strip() not in processes, f"deploy/Procfile: {name} twice"
+        processes[name.strip()] = Process(name.strip(), words, env)
+    return processes
+
+
+def manifest() -> list[Process]:
+    """Every container of deploy/kubernetes.yaml's Deployments; its name is the process type."""
+    containers = []
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            env = {e["name"]: str(e["value"]) for e in c.get("env", []) if "value" in e}
+            gpu = "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})
+            containers.append(Process(c["name"], [str(w) for w in c["command"] + c.get("args", [])], env, c["image"], gpu))
+    return containers
+
+
+def unmatched(pattern: str, word: str, env: dict[str, str]) -> str | None:
+    """Why the manifest's (or image's) `word` is not the Procfile's `pattern` (None: it is).
+    A placeholder stands for any value, the one `env` gives it where `env` sets the variable;
+    Kubernetes' own `$(VAR)` is the value of its `env`."""
+    word = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), word)
+    names, regex, last = [], "", 0
+    for m in PLACEHOLDER.finditer(pattern):
+        regex += re.escape(pattern[last:m.start()]) + "(.+?)"
+        names.append(m.group("braced") or m.group("bare"))
+        last = m.end()
+    found = re.fullmatch(regex + re.escape(pattern[last:]), word)
+    if not found:
+        return f"{word!r} is not {pattern!r}"
+    for name, value in zip(names, found.groups(), strict=True):
+        if name in env and env[name] != value:
+            return f"{word!r}: {name} is {env[name]!r} in its env, not {value!r}"
+    return None
+
+
+def command_differences(line: Process, other: Process) -> list[str]:
+    if len(line.argv) != len(other.argv):
+        return [f"{shlex.join(other.argv)!r} is not {shlex.join(line.argv)!r}"]
+    problems = [p for a, b in zip(line.argv, other.argv, strict=True) if (p := unmatched(a, b, other.env))]
+    for key, value in line.env.items():
+        if key not in other.env:
+            problems.append(f"sets no {key} (the Procfile's {key}={value})")
+        elif PLACEHOLDER.search(value) is None and other.env[key] != value:
+            problems.append(f"{key}={other.env[key]!r}, the Procfile's is {value!r}")
+    return problems
+
+
+def queues(argv: list[str]) -> list[str]:
+    """The queues a worker command consumes (`-Q a,b` / `--queues=a,b`)."""
+    consumed = []
+    for i, word in enumerate(argv):
+        if word in ("-Q", "--queues") and i + 1 < len(argv):
+            consumed += argv[i + 1].split(",")
+        elif word.startswith(("-Q", "--queues=")) and word not in ("-Q", "--queues"):
+            consumed += word.split("=", 1)[-1].removeprefix("-Q").split(",")
+    return consumed
+
+
+def test_the_procfile_and_the_manifest_run_the_same_process_types():
+    lines, containers = procfile(), manifest()
+    assert {"web", "cpu", "classify", "io", "webhooks", "beat", "gpu"} <= set(lines)
+    assert {c.name for c in containers} == set(lines), "process types of deploy/kubernetes.yaml vs deploy/Procfile"
+
+
+def test_the_procfile_and_the_manifest_run_the_same_commands():
+    """Each container's command is its Procfile line's, and sets the variables the line sets."""
+    lines = procfile()
+    problems = {c.name: p for c in manifest() if (p := command_differences(lines[c.name], c))}
+    assert not problems, f"deploy/kubernetes.yaml differs from deploy/Procfile: {problems}"
+
+
+def test_the_manifests_web_port_is_the_one_it_listens_on():
+    """The port the manifest's web command binds (the Procfile's $PORT) is the container port
+    and the probes' port, and the image's default command binds the port it exposes."""
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            if "--port" in c["command"]:
+                port = int(c["command"][c["command"].index("--port") + 1])
+                assert [p["containerPort"] for p in c["ports"]] == [port], c["name"]
+                for probe in ("readinessProbe", "livenessProbe"):
+                    assert c[probe]["httpGet"]["port"] == port, (c["name"], probe)
+    found = dict(instructions())
+    argv = json.loads(found["CMD"])
+    assert found["EXPOSE"] == argv[argv.index("--port") + 1]
+
+
+def test_the_procfile_and_the_manifest_consume_the_same_queues():
+    lines = procfile()
+    for c in manifest():
+        patterns, consumed = queues(lines[c.name].argv), queues(c.argv)
+        assert len(patterns) == len(consumed), f"{c.name}: {consumed} vs the Procfile's {patterns}"
+        for pattern, queue in zip(patterns, consumed, strict=True):
+            assert unmatched(pattern, queue, c.env) is None, f"{c.name}: {unmatched(pattern, queue, c.env)}"
+
+
+def test_the_deploy_files_consume_every_routed_queue():
+    """Every queue of the routing table (the stage table and the upkeep tasks) has a consumer in
+    deploy/Procfile and in deploy/kubernetes.yaml; a lane's queue is any queue under the GPU prefix
+    (in the Procfile, gpu.$IMAGEGEN_MODEL_NAME)."""
+    from jobs.pipeline import stages
+
+    routed = stages.routed_queues()
+    assert {"cpu", "io", "classify", "webhooks", settings.QUEUE_GPU_PREFIX + "{lane}"} <= routed
+    for name, processes in (("Procfile", list(procfile().values())), ("kubernetes.yaml", manifest())):
+        consumed = {q for p in processes for q in queues(p.argv)}
+        missing = {q for q in routed if "{lane}" not in q and q not in consumed}
+        if not any(q.startswith(settings.QUEUE_GPU_PREFIX) for q in consumed):
+            missing.add(settings.QUEUE_GPU_PREFIX + "{lane}")
+        assert not missing, f"deploy/{name} consumes no {sorted(missing)}"
+
+
+def tagged(name: str) -> str:
+    return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
+
+
+def readme_images() -> dict[str, str]:
+    """The tags the README's build commands give the images (`... build -f Containerfile
+    [--build-arg A=B ...] -t NAME .`), each with its build arguments."""
+    built: dict[str, str] = {}
+    for args, name in re.findall(r"(?:podman|docker) build -f Containerfile((?: --build-arg \S+)*) -t (\S+) \.",
+                                 (ROOT / "README.md").read_text()):
+        assert built.get(tagged(name), args) == args, f"the README builds {name} two ways"
+        built[tagged(name)] = args
+    return built
+
+
+def test_the_manifest_runs_the_images_the_readme_builds():
+    """Every container runs an image the README builds from the Containerfile: the GPU workers
+    the one with torch's CUDA build (--build-arg TORCH_INDEX=...), every other the default
+    (CPU torch)."""
+    built = readme_images()
+    for c in manifest():
+        assert tagged(c.image) in built, f"{c.name} runs {c.image}, which the README does not build"
+        cuda = "TORCH_INDEX=" in built[tagged(c.image)]
+        assert cuda == c.gpu, f"{c.name} runs {c.image}: {'CUDA' if cuda else 'CPU'} torch on a {'GPU' if c.gpu else 'CPU'} pod"
+
+
+# The Containerfile, read without a container runtime.
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the Containerfile, continuation lines joined."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for line in CONTAINERFILE.read_text().splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if line.lstrip().startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        keyword, _, rest = (pending + line).strip().partition(" ")
+        out.append((keyword.upper(), rest.strip()))
+        pending = ""
+    assert not pending, "the Containerfile ends inside a continued line"
+    return out
+
+
+def image_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, rest in instructions():
+        if keyword == "ENV":
+            for word in shlex.split(rest):
+                key, _, value = word.partition("=")
+                env[key] = value
+    return env
+
+
+def workdir() -> PurePosixPath:
+    dirs = [rest for keyword, rest in instructions() if keyword == "WORKDIR"]
+    assert dirs, "the Containerfile sets no WORKDIR"
+    return PurePosixPath(dirs[-1])
+
+
+def copies() -> list[tuple[list[str], str]]:
+    """(sources, destination) of every COPY/ADD from the build context."""
+    out = []
+    for keyword, rest in instructions():
+        if keyword in ("COPY", "ADD"):
+            words = [w for w in shlex.split(rest) if not w.startswith("--")]
+            assert not any(w.startswith("--from") for w in shlex.split(rest)), "no multi-stage copies expected"
+            out.append((words[:-1], words[-1]))
+    return out
+
+
+def ignored(path: str) -> bool:
+    patterns = [ln.strip() for ln in (ROOT / ".containerignore").read_text().splitlines()
+                if ln.strip() and not ln.lstrip().startswith("#")]
+    parts = PurePosixPath(path).parts
+    prefixes = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    return any(fnmatch.fnmatch(p, pattern.removeprefix("**/")) or fnmatch.fnmatch(p, pattern)
+               for pattern in patterns for p in prefixes + list(parts))
+
+
+def test_the_containerfile_builds_from_python_slim_and_runs_as_a_user():
+    found = instructions()
+    assert found[0] == ("FROM", "python:3.11-slim")
+    users = [i for i, (keyword, _) in enumerate(found) if keyword == "USER"]
+    assert users, "the image runs as root"
+    assert found[users[-1]][1].split(":")[0] not in ("root", "0")
+    assert all(keyword != "RUN" for keyword, _ in found[users[-1]:]), "a RUN after USER: the user set-up would not hold"
+    assert image_env().get("HF_HUB_OFFLINE") == "1", "the Hugging Face libraries may download at run time"
+
+
+def test_every_path_the_containerfile_copies_exists_and_is_in_the_build_context():
+    for sources, _ in copies():
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: no such path"
+            assert not ignored(source), f"COPY {source}: .containerignore keeps it out of the build context"
+
+
+def copied_here() -> dict[PurePosixPath, Path]:
+    """Where each copied path lands in the image (destinations under WORKDIR)."""
+    landed = {}
+    for sources, dest in copies():
+        target = PurePosixPath(dest) if dest.startswith("/") else workdir() / dest
+        for source in sources:
+            landed[target if len(sources) == 1 and not dest.endswith("/") else target / Path(source).name] = ROOT / source
+    return landed
+
+
+def in_image(path: PurePosixPath) -> Path | None:
+    """The project file that lies at `path` in the image, if one does."""
+    for target, source in copied_here().items():
+        if path == target or target in path.parents:
+            return source / path.relative_to(target)
+    return None
+
+
+def test_the_image_holds_every_package_the_service_imports_and_the_shipped_models():
+    """Every project package the copied code imports is copied too, and so are the files the
+    settings read from the project (templates, static, the safety policy, the shipped models);
+    every model path the manifest names is a model in the image."""
+    app = workdir()
+    tops = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"}
+    copied_tops = {s.name for s in copied_here().values()}
+    for source in copied_here().values():
+        for py in ([source] if source.suffix == ".py" else source.rglob("*.py")):
+            for node in ast.walk(ast.parse(py.read_text())):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in tops:
+                        assert top in copied_tops or top + ".py" in copied_tops, f"{py.relative_to(ROOT)} imports {top}, not in the image"
+    for needed in ("templates", "static", "safety/policy.json", "models/shapes-v1/model_index.json"):
+        assert in_image(app / needed) is not None, f"{needed} is not in the image"
+    paths = [c.env["IMAGEGEN_MODEL_PATH"] for c in manifest() if "IMAGEGEN_MODEL_PATH" in c.env]
+    assert paths
+    for path in paths:
+        source = in_image(PurePosixPath(path))
+        assert source is not None and (source / "model_index.json").exists(), f"IMAGEGEN_MODEL_PATH={path}: no model there in the image"
+
+
+def test_the_images_default_command_is_a_procfile_line_and_exists():
+    """CMD (exec form) is one of the Procfile's process types, its program is a console script
+    the requirements install, and the application it names exists in the project."""
+    found = dict(instructions())
+    assert "ENTRYPOINT" not in found, "an ENTRYPOINT would prefix the manifest's commands"
+    argv = json.loads(found["CMD"])
+    image = Process("image", argv, image_env())
+    matching = [name for name, line in procfile().items() if not command_differences(line, image)]
+    assert matching, f"CMD {argv} is no line of deploy/Procfile"
+    assert (Path(sys.executable).parent / argv[0]).exists(), f"{argv[0]} is installed by no requirement"
+    for word in argv:
+        if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+:[a-z_]+", word):
+            module, _, attr = word.partition(":")
+            source = ROOT / (module.replace(".", "/") + ".py")
+            assert source.exists() and in_image(workdir() / source.relative_to(ROOT).as_posix()) is not None, word
+            assert re.search(rf"^{attr}\b", source.read_text(), re.M), word
+
+
+def test_the_containerfile_installs_the_projects_requirements():
+    """requirements.txt is copied from the project and installed with -r; the only other package
+    named is torch, at requirements.txt's exact pin read from that file, from TORCH_INDEX (by
+    default the CPU index)."""
+    assert (["requirements.txt"], str(workdir() / "requirements.txt")) in copies()
+    runs = " && ".join(rest for keyword, rest in instructions() if keyword == "RUN")
+    installs = [c.strip() for c in re.split(r"&&|;", runs) if re.match(r"\s*(python -m )?pip install", c.strip())]
+    assert any(re.search(r"\s-r requirements\.txt\b", c) for c in installs), installs
+    pins = [ln for ln in (ROOT / "requirements.txt").read_text().splitlines() if re.match(r"torch==", ln)]
+    assert len(pins) == 1 and re.fullmatch(r"torch==[\d.]+", pins[0]), pins
+    for command in installs:
+        words = shlex.split(command)
+        packages = [w for i, w in enumerate(words[2:], 2) if not w.startswith("-") and words[i - 1] not in ("-r", "--index-url")]
+        assert set(packages) <= {"$(grep -E '^torch==' requirements.txt)", "pip"}, command
+        if "$(grep -E '^torch==' requirements.txt)" in command:
+            grep = subprocess.run(["grep", "-E", "^torch==", "requirements.txt"], cwd=ROOT, capture_output=True, text=True)
+            assert grep.stdout.splitlines() == pins
+            assert '--index-url "$TORCH_INDEX"' in command
+    assert ("ARG", "TORCH_INDEX=https://download.pytorch.org/whl/cpu") in instructions(), "the default image's torch is not the CPU build"
+
+
+def test_the_requirements_resolve_in_a_clean_virtualenv(tmp_path):
+    """`pip install --dry-run -r requirements.txt` in a fresh virtualenv, through the configured
+    package indexes (the local ones and the registry) and the local wheel cache: everything
+    resolves, and torch is the pinned CPU build with no CUDA packages pulled in. About 30 s here
+    (measured: 28 s on this 2-core machine), so it runs with the suite."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    report = tmp_path / "report.json"
+    done = subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q",
+                           "--report", str(report), "-r", str(ROOT / "requirements.txt")],
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resolved = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    pin = next(ln for ln in (ROOT / "requirements.txt").read_text().splitlines() if ln.startswith("torch=="))
+    assert resolved["torch"].split("+")[0] == pin.split("==")[1]
+    assert not [name for name in resolved if name.startswith("nvidia")], "the requirements pull a CUDA build of torch"
+    assert {"django", "celery", "uvicorn", "diffusers"} <= set(resolved)
