@@ -76,9 +76,11 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
 
     from diffusers import AutoPipelineForText2Image
+    from diffusers.utils import logging as diffusers_logging
 
     from safety.shapes_classifier import ShapesClassifier
 
+    diffusers_logging.set_verbosity_error()   # free-form prompts overflow CLIP's 24 tokens: a warning per batch
     rw = Rewriter(ROOT / args.rewriter)
     items = scenes(args.n)
     free = [s.source for s, _ in items]
