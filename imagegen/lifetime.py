@@ -35,7 +35,16 @@ def child_preexec(parent: int):
     return lambda: die_with_parent(parent)
 
 
+# The process that imported this module first. A process forked from it (a Celery pool process,
+# the embedded beat) inherits the value: its parent's pid, recorded before the fork.
+_IMPORTED_BY = os.getpid()
+
+
 def die_with_parent_if_asked() -> None:
-    """For a process that a supervised child forks (pool processes, uvicorn workers)."""
+    """For a process that a supervised child forks (pool processes, uvicorn workers). A forked
+    child checks against the pid its parent had before the fork, not os.getppid(): a parent
+    killed between the fork and this call has left the child adopted already, and the adopter
+    would pass for its parent (a pool process forked just as the worker was killed outlived it)."""
     if os.environ.get(ENV) == "1":
-        die_with_parent(os.getppid())
+        forked = os.getpid() != _IMPORTED_BY
+        die_with_parent(_IMPORTED_BY if forked else os.getppid())
