@@ -39,7 +39,6 @@ def clock(monkeypatch):
 @pytest.fixture
 def shipped_rates(settings):
     """The shipped defaults (the test settings turn the abuse limits off)."""
-    settings.IMAGEGEN_THROTTLE_USER = "120/min"  # the single rate the scopes replaced
     settings.IMAGEGEN_THROTTLE_SUBMIT = "120/min"
     settings.IMAGEGEN_THROTTLE_READ = "600/min"
     settings.IMAGEGEN_THROTTLE_STREAM = "60/min"

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpu_tasks.rewriter import KEEP, parse_canonical  # noqa: F401  (parse_canonical: for the evaluation)
+from gpu_tasks.rewriter import KEEP
 from training.shapes_data import COLOUR_NAMES, SHAPES, SIZES
 
 COLOUR_WORDS = {

@@ -182,25 +182,30 @@ def publish_object(key: str) -> None:
 def unpublish_object(key: str, keep_private_copy: bool = True) -> None:
     """Take a public object down: keep a private copy for moderators (server-side copy), then
     delete the public one. Idempotent."""
-    public, private = public_storage(), quarantine_storage()
-    if keep_private_copy and public.exists(key) and not private.exists(key):
+    public = public_storage()
+    if keep_private_copy:
+        _keep_private_copy(key, public)
+    delete_quietly(key, public)
+
+
+def _keep_private_copy(key: str, public) -> None:
+    """A moderator's copy of a public object (server-side copy), best effort: a take-down
+    never waits on it."""
+    private = quarantine_storage()
+    if public.exists(key) and not private.exists(key):
         try:
             _retrying(f"keeping a private copy of {key}", lambda: _copy(key, public, private))
         except Exception:
             log.warning("could not keep a private copy of %s", key, exc_info=True)
-    delete_quietly(key, public)
 
 
 def remove_public(key: str, keep_private_copy: bool = True) -> None:
     """Take a public object down for a take-down: keep a private copy for moderators when asked
     (best effort: the take-down must not wait on it), then delete the public object and check it
     is gone. Raises when it is not (the take-down's outbox row retries it). Idempotent."""
-    public, private = public_storage(), quarantine_storage()
-    if keep_private_copy and public.exists(key) and not private.exists(key):
-        try:
-            _retrying(f"keeping a private copy of {key}", lambda: _copy(key, public, private))
-        except Exception:
-            log.warning("could not keep a private copy of %s", key, exc_info=True)
+    public = public_storage()
+    if keep_private_copy:
+        _keep_private_copy(key, public)
     public.delete(key)
     if public.exists(key):
         raise RuntimeError(f"{key} is still in public storage after its delete")
