@@ -169,7 +169,7 @@ class Runner:
         batch, jobs = claimed.batch, claimed.jobs
         have = set(GeneratedImage.objects.filter(job__in=jobs).values_list("job_id", "index"))  # cache hits
         rows = [
-            Row(str(job.id), index, job.prompt, job.negative_prompt, job.seed + index)
+            Row(str(job.id), index, job.drawn_prompt, job.negative_prompt, job.seed + index)
             for job in jobs
             for index in range(job.count)
             if (job.id, index) not in have

@@ -11,22 +11,22 @@ model writes:
   the user's prompt unchanged;
 * one forward pass rewrites a batch of prompts (greedy decoding, a bounded output length).
 
-The rewriter's version (for the cache key and the job record) is the hash of its weights and
-configuration, read once at load.
+The rewriter's identity (for the cache key and the job record: its folder name, the hash of its
+files and its decoding settings) is jobs.pipeline.rewrite.identity, read once at load.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs.pipeline.rewrite import MAX_NEW_TOKENS, identity, model_version
+
 KEEP = "<keep>"
 SHAPE_KINDS = ("circle", "square", "triangle", "star", "heart")
 COLOURS = ("red", "green", "blue", "yellow", "white", "black")
-MAX_NEW_TOKENS = 32
 
 _CANON = re.compile(
     r"^a (?:(?:small|large) )?(?P<c1>\w+) (?P<k1>\w+)(?: and a (?:(?:small|large) )?(?P<c2>\w+) (?P<k2>\w+))?"
@@ -54,18 +54,6 @@ class Rewrite:
     changed: bool       # False: the user's prompt, as written
 
 
-def model_version(path: str | Path) -> str:
-    """A hash of every file of the model folder (weights, configuration, tokenizer)."""
-    h = hashlib.sha256()
-    root = Path(path)
-    for f in sorted(p for p in root.rglob("*") if p.is_file() and p.name != "training_info.json"):
-        h.update(f.relative_to(root).as_posix().encode())
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()[:16]
-
-
 class Rewriter:
     """A loaded rewriter model. ``rewrite`` is safe to call from several threads."""
 
@@ -81,7 +69,8 @@ class Rewriter:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
         if not self.seq2seq:
             self.tokenizer.padding_side = "left"
-        self.version = model_version(self.path)
+        self.version = identity(str(self.path))
+        self.weights_version = model_version(self.path)
         info = self.path / "training_info.json"
         self.info = json.loads(info.read_text()) if info.exists() else {}
         self._lock = threading.Lock()

@@ -1,5 +1,6 @@
-"""The GPU-side stage task: generate (gpu.<lane>). It takes the lane first (the stage table
-routes it to the lane's queue); the worker's hand-off dispatches the next stage."""
+"""The GPU-side stage tasks: generate (gpu.<lane>; it takes the lane first, the stage table
+routes it to the lane's queue; the worker's hand-off dispatches the next stage) and rewrite
+(the prompt rewriter, on its own queue)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from celery import shared_task
 
 log = logging.getLogger(__name__)
+
 
 @shared_task(name="gpu_tasks.tasks.run_batch", acks_late=True, reject_on_worker_lost=True)
 def run_batch(lane: str) -> list[str]:
@@ -20,3 +22,13 @@ def run_batch(lane: str) -> list[str]:
     from gpu_tasks.generate import runner_for
 
     return runner_for(lane).run()
+
+
+@shared_task(name="gpu_tasks.tasks.rewrite_prompts", acks_late=True, reject_on_worker_lost=True)
+def rewrite_prompts(job_id: str | None = None) -> int:
+    """A rewrite token: rewrite the prompts of every job waiting for the rewriter (the named job
+    first), up to IMAGEGEN_REWRITE_BATCH, in one forward pass (gpu_tasks/rewrite_stage.py).
+    A token that finds nothing waiting does nothing."""
+    from gpu_tasks.rewrite_stage import run
+
+    return run(job_id)

@@ -22,6 +22,10 @@ def _on_worker_ready(sender=None, **kwargs):
     gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
     if settings.QUEUE_CLASSIFY in queues or gpu_queues:  # GPU workers gate their previews
         _check_image_gate()
+    if settings.QUEUE_REWRITE in queues and settings.IMAGEGEN_REWRITER_PATH:
+        from gpu_tasks.rewrite_stage import rewriter
+
+        log.info("prompt rewriter %s loaded", rewriter().version)  # from disk, before its first batch
     if not gpu_queues:
         return
     from gpu_tasks.generate import WORKER_ID, runner_for

@@ -24,6 +24,8 @@ BUCKETS = {
     "imagegen_time_to_first_preview_seconds": (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
     "imagegen_submit_to_done_seconds": (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
     "imagegen_batch_size": (1, 2, 4, 8, 16, 32, 64),
+    "imagegen_rewrite_batch_size": (1, 2, 4, 8, 16, 32, 64),
+    "imagegen_rewrite_seconds": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
     "imagegen_batch_fill": (0.125, 0.25, 0.5, 0.75, 0.9, 1.0),
     "imagegen_classifier_seconds": (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
 }
@@ -48,6 +50,8 @@ HELP = {
     "imagegen_submit_to_done_seconds": "Submit until the job was done",
     "imagegen_batch_size": "Images per pipeline pass",
     "imagegen_batch_fill": "Batch size over the shape's cap",
+    "imagegen_rewrite_batch_size": "Prompts per forward pass of the prompt rewriter (the rewrite stage)",
+    "imagegen_rewrite_seconds": "Seconds one forward pass of the prompt rewriter takes",
     "imagegen_classifier_seconds": "Output image classifier latency per batch",
 }
 

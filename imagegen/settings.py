@@ -214,6 +214,24 @@ IMAGEGEN_QUALITY_MODELS = {
 IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", "")
 IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.0)
 IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
+# The prompt rewriter (a stage of its own, `rewrite`, between the prompt check and generation;
+# docs/rewriter.md): a small language model that turns free-form descriptions into the served
+# model's caption grammar. Default: the shipped rewriter when the shipped model is served.
+_shipped_rewriter = BASE_DIR / "models" / "rewriter-v1"
+IMAGEGEN_REWRITER_PATH = env_str(
+    "IMAGEGEN_REWRITER_PATH",
+    str(_shipped_rewriter) if IMAGEGEN_MODEL_PATH == _shipped_model and (_shipped_rewriter / "config.json").exists() else "",
+)
+# What a request's `rewrite: auto` (and every OpenAI-route request) means: on or off. On by
+# default wherever a rewriter is configured.
+IMAGEGEN_REWRITE_DEFAULT = env_str("IMAGEGEN_REWRITE_DEFAULT", "on" if IMAGEGEN_REWRITER_PATH else "off")
+if IMAGEGEN_REWRITE_DEFAULT not in ("on", "off"):
+    raise ImproperlyConfiguredEnv(f"IMAGEGEN_REWRITE_DEFAULT must be on or off, not {IMAGEGEN_REWRITE_DEFAULT!r}")
+# Prompts one forward pass of the rewriter takes at most (the waiting ones of every user).
+IMAGEGEN_REWRITE_BATCH = env_int("IMAGEGEN_REWRITE_BATCH", 16)
+# Seconds one rewriter pass is assumed to take before the first is measured (the shipped one:
+# ~11 ms at batch 1 and ~28 ms at batch 16 on one CPU thread; bench/rewriter.py).
+IMAGEGEN_PRIOR_REWRITE_SECONDS = env_float("IMAGEGEN_PRIOR_REWRITE_SECONDS", 0.03)
 # Runtime levers for the per-step cost (bench/runtime_levers.py measures each on and off).
 IMAGEGEN_DTYPE = env_str("IMAGEGEN_DTYPE", "float32")  # float32 | bfloat16 | float16 (GPU)
 IMAGEGEN_ATTENTION = env_str("IMAGEGEN_ATTENTION", "sdpa")  # sdpa | classic
@@ -392,6 +410,8 @@ QUEUE_CLASSIFY = env_str("IMAGEGEN_QUEUE_CLASSIFY", "classify")
 # Webhook deliveries wait on other people's servers: a queue and a pool of their own, so a slow
 # receiver never delays a prompt check or a publish.
 QUEUE_WEBHOOKS = env_str("IMAGEGEN_QUEUE_WEBHOOKS", "webhooks")
+# The prompt rewriter's stage: GPU-pinned in production (the gpu process type consumes it too).
+QUEUE_REWRITE = env_str("IMAGEGEN_QUEUE_REWRITE", "rewrite")
 QUEUE_GPU = QUEUE_GPU_PREFIX + IMAGEGEN_MODEL_NAME
 
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)

@@ -96,6 +96,16 @@ class GenerationJob(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     prompt = models.TextField()
     negative_prompt = models.TextField(blank=True, default="")
+    # The prompt rewriter (the `rewrite` stage, between the prompt check and generation): whether
+    # this job goes through it, the rewriter's identity (its version and settings: part of the
+    # request-hash cache key), what it wrote (the prompt drawn; the user's own when it kept it)
+    # and the stage's lease (per job: a worker rewrites the waiting jobs of every user at once).
+    rewrite = models.BooleanField(default=False)
+    rewriter_version = models.CharField(max_length=100, blank=True, default="")
+    revised_prompt = models.TextField(blank=True, default="")
+    rewritten_at = models.DateTimeField(null=True, blank=True)
+    rewrite_lease_expires_at = models.DateTimeField(null=True, blank=True)
+    rewrite_attempts = models.PositiveSmallIntegerField(default=0, help_text="runs of the rewrite stage started")
     width = models.PositiveIntegerField()
     height = models.PositiveIntegerField()
     steps = models.PositiveIntegerField()
@@ -171,6 +181,11 @@ class GenerationJob(models.Model):
         if self.scheduled_at is None or self.started_at is None:
             return None
         return max(0.0, (self.started_at - self.scheduled_at).total_seconds())
+
+    @property
+    def drawn_prompt(self) -> str:
+        """What the image model is given: the rewriter's prompt once it has run, else the user's."""
+        return self.revised_prompt if self.rewrite and self.rewritten_at is not None and self.revised_prompt else self.prompt
 
     @property
     def shape(self) -> tuple:

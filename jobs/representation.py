@@ -4,6 +4,8 @@ the API, the realtime streams and the webhooks; it writes nothing."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
 from django.urls import reverse
 from django.utils import timezone
@@ -32,18 +34,30 @@ def delivered_images(job: GenerationJob) -> list[dict]:
 
 
 def status_event(job: GenerationJob) -> dict:
-    return {
+    event: dict[str, Any] = {
         "type": "status",
         "job": str(job.id),
         "status": job.status,
         "reason": job.reason,
         "images": delivered_images(job),
     }
+    if job.rewrite:  # what is drawn, once the rewriter has run (null before)
+        event["revised_prompt"] = revised_prompt(job)
+    return event
+
+
+def rewritten_event(job_id, revised: str) -> dict:
+    """Sent when the rewriter has written the job's prompt (before its second check)."""
+    return {"type": "rewritten", "job": str(job_id), "revised_prompt": revised}
 
 
 class JobSerializer(serializers.ModelSerializer):
     model = serializers.CharField(source="model_version", read_only=True)
     webhook_url = serializers.CharField(read_only=True, help_text="Where terminal statuses are POSTed, signed; empty: none.")
+    rewrite = serializers.BooleanField(read_only=True, help_text="Whether the prompt goes through the rewriter.")
+    revised_prompt = serializers.SerializerMethodField(
+        help_text="The prompt drawn, as the rewriter wrote it (the user's own where it kept it); null: not rewritten (yet).")
+    rewriter = serializers.SerializerMethodField(help_text="The rewriter's identity (version and settings); null: none.")
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
@@ -58,12 +72,19 @@ class JobSerializer(serializers.ModelSerializer):
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
             "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
-            "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url",
+            "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url", "rewrite", "revised_prompt",
+            "rewriter",
         ]
         read_only_fields = fields
 
     eta_seconds = serializers.SerializerMethodField()
     queue_position = serializers.SerializerMethodField()
+
+    def get_revised_prompt(self, job) -> str | None:
+        return revised_prompt(job)
+
+    def get_rewriter(self, job) -> str | None:
+        return job.rewriter_version or None
 
     def _estimate(self, job):
         """The estimate made at submit, or a fresh one for a job still queued."""
@@ -120,6 +141,12 @@ class JobSerializer(serializers.ModelSerializer):
         return {name: _FAST[name](self, job) for name in self.Meta.fields}
 
 
+def revised_prompt(job) -> str | None:
+    """The prompt the image model drew when the rewriter ran (the user's own where it kept it);
+    None when the job does not go through the rewriter or it has not run yet."""
+    return job.revised_prompt or None if job.rewrite and job.rewritten_at is not None else None
+
+
 def _int_or_none(value) -> int | None:
     return None if value is None else int(value)
 
@@ -159,6 +186,9 @@ _FAST = {
     "cancel_after": lambda s, job: job.cancel_after,
     "deadline_at": lambda s, job: _iso(job.deadline_at),
     "webhook_url": lambda s, job: job.webhook_url,
+    "rewrite": lambda s, job: bool(job.rewrite),
+    "revised_prompt": lambda s, job: revised_prompt(job),
+    "rewriter": lambda s, job: job.rewriter_version or None,
 }
 if set(_FAST) != set(JobSerializer.Meta.fields):  # a field added to Meta.fields needs its getter here
     raise ImproperlyConfigured(f"JobSerializer fast path out of step: {sorted(set(_FAST) ^ set(JobSerializer.Meta.fields))}")

@@ -5,6 +5,7 @@ the actions that fail a stage's jobs (jobs/actions/stages.py) read the same word
 from __future__ import annotations
 
 DESCRIBES: dict[str, str] = {
+    "rewrite": "rewriting the prompt",
     "generate": "generation",
     "classify": "the image safety check",
     "publish": "publishing the images",

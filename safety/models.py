@@ -6,6 +6,7 @@ from django.db import models
 
 class Stage(models.TextChoices):
     PROMPT = "prompt"
+    REWRITE = "rewrite"  # the prompt gate again, on the rewriter's prompt
     IMAGE = "image"
     HUMAN = "human"
 

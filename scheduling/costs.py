@@ -4,7 +4,9 @@
 - per shape, GPU-seconds per image, and across shapes GPU-seconds per megapixel-step (for
   shapes not measured yet);
 - the time a job spends outside the queue and the pass: the claim, the image gate and
-  delivery (`_overhead`).
+  delivery (`_overhead`);
+- the prompt rewriter (the rewrite stage): seconds one forward pass takes (`_rewrite_pass`) and
+  per prompt (`_rewrite_per_prompt`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from scheduling import scheduler
 COST_KEY = f"{PREFIX}cost"
 GLOBAL_FIELD = "_per_mpx_step"
 OVERHEAD_FIELD = "_overhead"
+REWRITE_PASS_FIELD = "_rewrite_pass"
+REWRITE_PROMPT_FIELD = "_rewrite_per_prompt"
 EWMA_ALPHA = 0.3
 
 
@@ -46,6 +50,22 @@ def record_overhead(samples: list[float]) -> None:
         return
     r = get_redis()
     r.hset(COST_KEY, OVERHEAD_FIELD, _ewma(r.hget(COST_KEY, OVERHEAD_FIELD), max(0.0, sum(samples) / len(samples))))
+
+
+def record_rewrite_cost(prompts: int, seconds: float) -> None:
+    """Called by the rewrite stage after each forward pass of `prompts` prompts."""
+    if prompts <= 0 or seconds <= 0:
+        return
+    r = get_redis()
+    old_pass, old_prompt = r.hmget(COST_KEY, [REWRITE_PASS_FIELD, REWRITE_PROMPT_FIELD])
+    r.hset(COST_KEY, mapping={REWRITE_PASS_FIELD: _ewma(old_pass, seconds),
+                              REWRITE_PROMPT_FIELD: _ewma(old_prompt, seconds / prompts)})
+
+
+def rewrite_seconds(costs: dict) -> float:
+    """What the rewrite stage adds to a job's wait: one forward pass of the rewriter (measured;
+    before any, IMAGEGEN_PRIOR_REWRITE_SECONDS)."""
+    return float(costs.get(REWRITE_PASS_FIELD, settings.IMAGEGEN_PRIOR_REWRITE_SECONDS))
 
 
 def costs() -> dict:

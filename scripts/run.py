@@ -69,7 +69,8 @@ def process_commands(env: dict, port: str, var: Path, gpu_queues: str | None = N
         ("worker-classify", celery + ["-Q", queue["classify"], "--pool=solo", "-n", "classify@%h"]),
         ("worker-io", celery + ["-Q", queue["io"], "--pool=threads", "-c", "4", "-n", "io@%h"]),
         ("worker-webhooks", celery + ["-Q", queue["webhooks"], "--pool=threads", "-c", "8", "-n", "webhooks@%h"]),
-        ("worker-gpu", celery + ["-Q", gpu, "--pool=solo", "-n", "gpu0@%h"]),
+        # The GPU worker serves the prompt rewriter too (its queue; a few ms a batch).
+        ("worker-gpu", celery + ["-Q", f"{gpu},{env.get('IMAGEGEN_QUEUE_REWRITE', 'rewrite')}", "--pool=solo", "-n", "gpu0@%h"]),
     ]
 
 

@@ -142,7 +142,7 @@ def start_worker(worker_env):
 def workers(start_worker):
     """One cpu/io worker with the reaper (beat) and one GPU worker, shared by the session."""
     cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True, wait=False)
-    gpu = start_worker("gpu1", settings.QUEUE_GPU)
+    gpu = start_worker("gpu1", f"{settings.QUEUE_GPU},{settings.QUEUE_REWRITE}")
     cpu.wait_ready()
     return {"cpu": cpu, "gpu": gpu}
 

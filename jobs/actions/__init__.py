@@ -11,6 +11,7 @@ admitting a job to the scheduler wakes a GPU worker of its lane (scheduling.lane
     batches    a pass's own row: opened, sized, timed
     images     take-down and deletion, views, the retention tiers, regeneration
     verdicts   the prompt gate's verdict
+    rewrites   the rewrite stage: waiting jobs claimed in one batch, the rewriter's prompt saved
 """
 
 from jobs.actions.batches import drop_unclaimed_batch, open_batch, pass_finished, pass_started, size_batch
@@ -45,6 +46,7 @@ from jobs.actions.lifecycle import (
     claim_batch,
     create_queued,
     enqueue,
+    fail_rewrite,
     fail_running,
     fail_unstarted,
     finish_from_cache,
@@ -56,8 +58,10 @@ from jobs.actions.lifecycle import (
     requeue_expired,
     return_to_queue_now,
     shape_of,
+    wake_rewriter,
 )
 from jobs.actions.review import ReviewError, appeal, approve, reject, reject_delivered, review_queue
+from jobs.actions.rewrites import claim_rewrites, needs_rewrite, release_rewrites, save_rewrite
 from jobs.actions.stages import (
     end_stage_lease,
     give_up_stage,
@@ -79,5 +83,6 @@ __all__ = [
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
     "requeue_expired", "requeue_stuck_batches", "end_stage_lease", "give_up_stage", "observe_stage_seconds",
+    "claim_rewrites", "fail_rewrite", "needs_rewrite", "release_rewrites", "save_rewrite", "wake_rewriter",
     "queue_ages", "release_stage", "renew_stage", "stage_waited", "start_stage", "return_to_queue_now", "review_queue", "shape_of", "take_down",
 ]

@@ -88,10 +88,13 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
         job.cache_reveal_at = now + timedelta(seconds=delay)
     else:
         job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
+    source = next(iter(cached.values()))
+    if job.rewrite:  # the same prompt through the same rewriter (the key says so): the same rewrite
+        job.revised_prompt, job.rewriter_version = source.job.revised_prompt, source.job.rewriter_version
+        job.rewritten_at = now
     with transaction.atomic():
         job.save()
         attach_cached(job, cached)
-        source = next(iter(cached.values()))
         verdict = SafetyVerdict.objects.create(
             job=job, stage="prompt", decision="allow",
             reason=f"identical to job {source.job_id} (request-hash cache)",
@@ -194,7 +197,7 @@ def cancel_past_deadline(now=None, limit: int = 500) -> int:
     (jobs/access/usage.py charges at claim), and its reservation ends with it."""
     now = now or timezone.now()
     cancelled = 0
-    unclaimed = Q(status=JobStatus.QUEUED) | Q(status=JobStatus.REVIEW, blocked_stage="prompt")
+    unclaimed = Q(status=JobStatus.QUEUED) | Q(status=JobStatus.REVIEW, blocked_stage__in=("prompt", "rewrite"))
     for job in GenerationJob.objects.filter(unclaimed, deadline_at__lt=now)[:limit]:
         if _transition(job.id, [job.status], JobStatus.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
             cancelled += 1
@@ -233,7 +236,7 @@ def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatu
         usage.lock_user(owner_id)
         held = usage.review_cases(owner_id)
         limit = settings.IMAGEGEN_USER_MAX_IN_REVIEW
-        if stage == "prompt" and held >= limit:
+        if stage in ("prompt", "rewrite") and held >= limit:
             block_job(job_id, stage, (
                 f"{reason} (it would be held for review, but {held} of your jobs already wait for a moderator; "
                 f"the limit is {limit})"
@@ -243,7 +246,13 @@ def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatu
 
 
 def admit(job_id) -> bool:
-    """The prompt passed: put the job in its shape's bucket (after commit) and wake a GPU worker."""
+    """The prompt passed: put the job in its shape's bucket (after commit) and wake a GPU worker.
+    A job whose prompt goes through the rewriter and has not yet wakes a rewriter instead (the
+    rewrite stage; jobs/actions/rewrites.py): its rewritten prompt is checked again first."""
+    if GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None, rewrite=True,
+                                    rewritten_at=None).exists():
+        transaction.on_commit(lambda: wake_rewriter(str(job_id)))
+        return False
     now = timezone.now()
     claimed = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None).update(
         scheduled_at=now
@@ -253,6 +262,25 @@ def admit(job_id) -> bool:
     job = GenerationJob.objects.get(id=job_id)
     transaction.on_commit(lambda: enqueue(job, now.timestamp()))
     return True
+
+
+REWRITE_TASK = "gpu_tasks.tasks.rewrite_prompts"  # the rewrite stage's, sent by name (the stage table routes it)
+
+
+def wake_rewriter(job_id: str | None = None) -> None:
+    """Send a rewrite token (the job first, if it is still waiting, then any others waiting).
+    Never raises: a lost token is re-sent with the prompt check (the reaper)."""
+    from celery import current_app
+
+    try:
+        current_app.send_task(REWRITE_TASK, args=[str(job_id)] if job_id else [])
+    except Exception:
+        log.warning("could not wake a rewriter for job %s; the reaper will", job_id, exc_info=True)
+
+
+def fail_rewrite(job_id, reason: str) -> bool:
+    return _transition(job_id, [JobStatus.QUEUED], JobStatus.FAILED, reason=reason, finished_at=timezone.now(),
+                       rewrite_lease_expires_at=None)
 
 
 def enqueue(job: GenerationJob, enqueued_at: float) -> None:

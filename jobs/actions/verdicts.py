@@ -6,15 +6,16 @@ from imagegen import metrics
 from jobs.models import GenerationJob
 
 
-def record_prompt_verdict(job: GenerationJob, result):
+def record_prompt_verdict(job: GenerationJob, result, stage: str = "prompt"):
     """The prompt filter's result as the job's prompt SafetyVerdict (the reason shown to the
-    owner; the matched terms kept for moderators)."""
+    owner; the matched terms kept for moderators). `stage` is "rewrite" for the second check, on
+    the rewriter's prompt."""
     from safety.models import SafetyVerdict
 
     matched = f"matched: {result.matched}" if result.matched else ""
     verdict = SafetyVerdict.objects.create(
         job=job,
-        stage="prompt",
+        stage=stage,
         decision=result.decision,
         category=result.category,
         score=result.score,

@@ -4,6 +4,7 @@ estimate, answered from the summary (jobs/admission/summary.py), which the repla
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from django.conf import settings
@@ -135,10 +136,19 @@ def count_prompt_check(user) -> None:
 
 
 def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bool, owner=None,
-                     tier: int = policy.INTERACTIVE) -> tuple[int, Estimate]:
-    """The steps to run with (lowered when degrading) and the estimate, or Refused."""
+                     tier: int = policy.INTERACTIVE, rewrite: bool = False) -> tuple[int, Estimate]:
+    """The steps to run with (lowered when degrading) and the estimate, or Refused. A job whose
+    prompt goes through the rewriter waits one measured rewriter pass more (scheduling/costs.py)."""
+    extra = cost_model.rewrite_seconds(cost_model.costs()) if rewrite else 0.0
+
+    def estimate_of(shape: str) -> Estimate:
+        est = current_estimate(shape, images, owner, tier)
+        if extra and est.eta_seconds is not None:
+            return dataclasses.replace(est, eta_seconds=est.eta_seconds + extra)
+        return est
+
     shape = shape_for_steps(steps)
-    est = current_estimate(shape, images, owner, tier)
+    est = estimate_of(shape)
     max_wait = settings.IMAGEGEN_BATCH_MAX_QUEUE_WAIT if tier == policy.BATCH else settings.IMAGEGEN_MAX_QUEUE_WAIT
     if est.queued_images + images > settings.IMAGEGEN_MAX_QUEUED_IMAGES:
         raise Refused(
@@ -152,7 +162,7 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
         return steps, est
     if allow_degrade and steps > settings.IMAGEGEN_DEGRADE_STEPS:
         degraded_steps = settings.IMAGEGEN_DEGRADE_STEPS
-        degraded = current_estimate(shape_for_steps(degraded_steps), images, owner, tier)
+        degraded = estimate_of(shape_for_steps(degraded_steps))
         if degraded.eta_seconds is not None and degraded.eta_seconds <= max_wait * 1.5:
             _accepted(shape_for_steps(degraded_steps))
             return degraded_steps, degraded

@@ -280,7 +280,9 @@ class ConflictSerializer(serializers.Serializer):
 class ImagesResponseDataSerializer(serializers.Serializer):
     url = serializers.CharField(required=False, help_text='An absolute URL of the PNG (response_format "url").')
     b64_json = serializers.CharField(required=False, help_text='The PNG, base64 (response_format "b64_json").')
-    revised_prompt = serializers.CharField(required=False, allow_null=True, help_text="Always null: prompts are not rewritten.")
+    revised_prompt = serializers.CharField(required=False, allow_null=True, help_text=(
+        "The prompt drawn, as the prompt rewriter wrote it (the server default IMAGEGEN_REWRITE_DEFAULT says "
+        "whether this route rewrites); null: not rewritten."))
 
 
 class ImagesResponseSerializer(serializers.Serializer):

@@ -50,6 +50,12 @@ class JobCreateSerializer(serializers.Serializer):
         help_text="jpeg/webp quality, 0-100 (absent: 100, the best); png ignores it.",
     )
 
+    rewrite = serializers.ChoiceField(
+        choices=["auto", "on", "off"], required=False, default="auto",
+        help_text="The prompt rewriter (docs/rewriter.md): on, off, or auto (the server's default, "
+        "IMAGEGEN_REWRITE_DEFAULT). The prompt it writes is checked again, drawn, and shown as revised_prompt.",
+    )
+
     # Scheduling tier, deadline and completion webhook (issue 19; docs/api.md).
     priority = serializers.ChoiceField(
         choices=Priority.choices, required=False, default=Priority.INTERACTIVE,
@@ -89,6 +95,13 @@ class JobCreateSerializer(serializers.Serializer):
         if catalogue.get(value) is None:
             served = ", ".join(catalogue.served())
             raise serializers.ValidationError(f"{value!r} is not a served model; use one of: {served}")
+        return value
+
+    def validate_rewrite(self, value: str) -> str:
+        from jobs.pipeline import rewrite
+
+        if value == "on" and not rewrite.configured():
+            raise serializers.ValidationError("this server has no prompt rewriter (IMAGEGEN_REWRITER_PATH is not set)")
         return value
 
     def validate(self, attrs: dict) -> dict:

@@ -103,6 +103,11 @@ def request_key(job, index: int, owner_id=None, shared: bool = False, classifier
         "policy": policy_identity(),
         "gate": classifier if classifier is not None else gate_identity(),
     }
+    if getattr(job, "rewrite", False):
+        # The user's prompt plus the rewriter's identity (jobs/pipeline/rewrite.py): the same
+        # request through the same rewriter draws the same prompt. Absent when not rewriting, so
+        # those keys are as they were.
+        canonical["rewriter"] = job.rewriter_version
     if not shared:
         canonical["owner"] = owner_id if owner_id is not None else job.owner_id
     digest = hashlib.sha256(json.dumps(canonical, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
@@ -160,6 +165,8 @@ def remember(job) -> None:
     if not settings.IMAGEGEN_CACHE_ENABLED or job.status != "done":
         return
     prompt_allowed = job.verdicts.filter(stage="prompt", decision="allow").exists()
+    if job.rewrite and job.revised_prompt and job.revised_prompt != job.prompt:  # and its rewrite, by the gate
+        prompt_allowed = prompt_allowed and job.verdicts.filter(stage="rewrite", decision="allow").exists()
     if not prompt_allowed:
         return  # a moderator-approved prompt is never reused for someone else without review
     pipe = get_redis().pipeline()

@@ -80,6 +80,9 @@ def manifest(parameters, output_format: str) -> dict:
                 "steps": parameters.steps, "guidanceScale": parameters.guidance_scale, "width": parameters.width,
                 "height": parameters.height, "modelVersion": parameters.model_version, "jobId": parameters.job_id,
                 "levers": parameters.scheduler,
+                # The user's own prompt, where the prompt rewriter changed what was drawn.
+                **({"originalPrompt": parameters.original_prompt, "rewriter": parameters.rewriter}
+                   if parameters.original_prompt else {}),
             }},
         ],
     }

@@ -76,13 +76,21 @@ class ImageParameters:
     model_version: str
     job_id: str
     scheduler: str = ""
+    # The user's own prompt and the rewriter's identity, where the rewriter changed what is drawn
+    # (`prompt` is always what the image model was given).
+    original_prompt: str = ""
+    rewriter: str = ""
 
     @classmethod
     def of(cls, job: Any, seed: int) -> ImageParameters:
         """For one image of a job. A regeneration names the job it regenerates, so its file comes
         out byte for byte the same as the dropped one."""
+        drawn = getattr(job, "drawn_prompt", job.prompt)
+        rewritten = drawn != job.prompt
         return cls(
-            prompt=job.prompt, negative_prompt=job.negative_prompt, seed=int(seed), steps=job.steps,
+            prompt=drawn, original_prompt=job.prompt if rewritten else "",
+            rewriter=job.rewriter_version if rewritten else "", negative_prompt=job.negative_prompt, seed=int(seed),
+            steps=job.steps,
             guidance_scale=float(job.guidance_scale), width=job.width, height=job.height,
             model_version=job.model_version, job_id=str(getattr(job, "regenerates", None) or job.id),
             scheduler=job.scheduler,
@@ -112,6 +120,7 @@ class ImageParameters:
             "steps": str(self.steps), "guidanceScale": f"{self.guidance_scale:g}", "width": str(self.width),
             "height": str(self.height), "modelVersion": self.model_version, "jobId": self.job_id,
             "levers": self.scheduler,
+            **({"originalPrompt": self.original_prompt, "rewriter": self.rewriter} if self.original_prompt else {}),
         }
 
 

@@ -1,5 +1,9 @@
-"""The prompt gate stage (cpu queue): allow (to the scheduler), review (held) or block, with a
-verdict record, before any GPU time is spent."""
+"""The prompt gate stage (cpu queue): allow (to the scheduler, or first to the rewriter), review
+(held) or block, with a verdict record, before any GPU time is spent.
+
+A job whose prompt the rewriter changed comes through the gate a second time, on the prompt it
+will draw (the rewriter may write what the user did not): that verdict is recorded at stage
+`rewrite`, and a block or a hold there names that stage."""
 
 from __future__ import annotations
 
@@ -16,27 +20,38 @@ def gate_prompt(job_id: str) -> str:
     job = GenerationJob.objects.filter(id=job_id).first()
     if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is not None:
         return "skipped"
+    rewritten = job.rewrite and job.rewritten_at is not None and job.revised_prompt != job.prompt
+    stage, prompt = ("rewrite", job.revised_prompt) if rewritten else ("prompt", job.prompt)
     # A verdict already recorded (a redelivered task) is reused, never decided twice.
-    verdict = SafetyVerdict.objects.filter(job=job, stage="prompt").order_by("created_at").first()
+    verdict = SafetyVerdict.objects.filter(job=job, stage=stage).order_by("created_at").first()
     if verdict is None:
         from safety.prompt_filter import get_prompt_filter
 
         try:
-            result = get_prompt_filter().check(job.prompt, job.negative_prompt)
+            result = get_prompt_filter().check(prompt, job.negative_prompt)
         except Exception as exc:  # fail closed: a broken filter blocks nothing through
             log.exception("prompt filter failed for job %s", job_id)
             actions.fail_unstarted(job.id, f"the prompt safety check failed ({type(exc).__name__}); nothing was generated")
             return "error"
-        verdict = actions.record_prompt_verdict(job, result)
+        verdict = actions.record_prompt_verdict(job, result, stage=stage)
     # A human verdict on the prompt (not on an image) wins over the gate's: a moderator's approval
-    # whose admit was lost is admitted when the reaper re-sends the check, never re-held.
-    human = SafetyVerdict.objects.filter(job=job, stage="human", image__isnull=True).order_by("-created_at").first()
+    # whose admit was lost is admitted when the reaper re-sends the check, never re-held. On the
+    # rewritten prompt only a decision made after its own verdict counts (one on the user's
+    # prompt did not see what the rewriter wrote).
+    humans = SafetyVerdict.objects.filter(job=job, stage="human", image__isnull=True)
+    if rewritten:
+        humans = humans.filter(created_at__gt=verdict.created_at)
+    human = humans.order_by("-created_at").first()
     if human is not None:
         verdict = human
     if verdict.decision == "block":
-        actions.block_job(job.id, "prompt", verdict.reason)
+        actions.block_job(job.id, stage, _naming(stage, verdict.reason))
     elif verdict.decision == "review":
-        actions.hold_for_review(job.id, "prompt", verdict.reason)
+        actions.hold_for_review(job.id, stage, _naming(stage, verdict.reason))
     else:
-        actions.admit(job.id)
+        actions.admit(job.id)  # to the scheduler; or first to the rewriter (the rewrite stage)
     return verdict.decision
+
+
+def _naming(stage: str, reason: str) -> str:
+    return f"the rewritten prompt: {reason}" if stage == "rewrite" and reason else reason

@@ -61,6 +61,8 @@ def regeneration_request(image: GeneratedImage) -> dict:
         "regenerates": job.regenerates or job.id,
         "model": job.model_version,  # the same version: another would give other pixels
         "variant": job.scheduler,  # the same levers (a quality tier's): others would too
+        # The same rewrite: the rewriter decodes greedily, so the same version writes the same prompt.
+        "rewrite": "on" if job.rewrite else "off",
     }
 
 

@@ -1,7 +1,9 @@
 """The stage table: every stage of a job declared once, and everything that routes, dispatches,
 runs or recovers a stage reads it.
 
-    prompt    check_prompt   cpu          -> generate (the scheduler's buckets; a GPU worker takes the batch)
+    prompt    check_prompt   cpu          -> generate (the scheduler's buckets; a GPU worker takes the batch),
+                                             or rewrite first for a job whose prompt goes through the rewriter
+    rewrite   rewrite_prompts rewrite     -> prompt again when it changed the prompt (the second gate), else generate
     generate  run_batch      gpu.<lane>   -> classify (the GPU worker's hand-off)
     classify  classify_batch classify     -> publish
     publish   publish_batch  io           -> (the terminal status; its webhooks)
@@ -65,6 +67,8 @@ STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
         Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate"),
+        # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
+        Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate"),
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS"),

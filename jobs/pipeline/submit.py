@@ -14,7 +14,7 @@ from jobs import actions
 from jobs.admission import control as admission
 from jobs.media import cache
 from jobs.models import GenerationJob
-from jobs.pipeline import stages
+from jobs.pipeline import rewrite, stages
 from scheduling import lanes, scheduler
 
 
@@ -48,9 +48,11 @@ def submit_job(owner, data: dict) -> GenerationJob:
         output_compression=data.get("output_compression"),
         regenerates=data.get("regenerates"),
         scheduler=data.get("variant", ""),  # a quality tier's levers (gpu_tasks/levers.py)
+        rewrite=rewrite.wanted(data.get("rewrite")),
         **_integration_fields(data),
     )
     job.model_version = data.get("model") or lanes.pick_version(job.id)
+    job.rewriter_version = rewrite.identity() if job.rewrite else ""  # the cache key's part (jobs/media/cache.py)
     cached = cache.lookup(job, shared)
     job.estimate = None
     if len(cached) < job.count:
@@ -59,7 +61,7 @@ def submit_job(owner, data: dict) -> GenerationJob:
 
         steps, job.estimate = admission.admit_or_degrade(
             shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
-            scheduler.tier_of(job.priority),
+            scheduler.tier_of(job.priority), rewrite=job.rewrite,
         )
         if steps != job.steps:
             metrics.inc("imagegen_degraded_total")

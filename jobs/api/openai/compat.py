@@ -134,7 +134,7 @@ def response_fields(job) -> dict:
 def moderation_details(job) -> dict:
     """Where a refused job was stopped (`input`: the prompt; `output`: an image) and the
     policy's categories that stopped it."""
-    stage = "input" if job.blocked_stage == "prompt" else "output"
+    stage = "input" if job.blocked_stage in ("prompt", "rewrite") else "output"
     categories = sorted(
         {c for c in job.verdicts.filter(decision__in=["block", "review"]).values_list("category", flat=True) if c}
     )

@@ -53,6 +53,7 @@ from jobs.media.storage import image_url, public_storage
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.pipeline.submit import submit_job
 from jobs.realtime.state import job_hub
+from jobs.representation import revised_prompt
 from scheduling import catalogue
 
 try:  # admission control (per-user limits, the honest wait limit): the native API answers 429
@@ -341,7 +342,7 @@ def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
             400,
             f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
             f"(job {job.id}; an appeal is possible through the native API).",
-            param="prompt" if job.blocked_stage == "prompt" else None,
+            param="prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
             code="moderation_blocked",
             extra={"moderation_details": openai_compat.moderation_details(job)},
         )
@@ -350,7 +351,7 @@ def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
             400,
             f"Your request is held for review by a moderator: {job.reason}. Job {job.id}; follow it with "
             f"{_native_urls(job.id)}.",
-            param="prompt" if job.blocked_stage == "prompt" else None,
+            param="prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
             code="content_policy_review",
         )
     if job.status == JobStatus.FAILED:
@@ -368,13 +369,14 @@ def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
 
 def _image_items(request, job: GenerationJob, response_format: str) -> list[dict]:
     images = GeneratedImage.objects.filter(job=job, tier="public").order_by("index")
+    revised = revised_prompt(job)  # what was drawn, when the rewriter ran (OpenAI's field)
     items = []
     for image in images:
         if response_format == "b64_json":
             with public_storage().open(image.storage_key, "rb") as fh:
-                items.append({"b64_json": base64.b64encode(fh.read()).decode("ascii"), "revised_prompt": None})
+                items.append({"b64_json": base64.b64encode(fh.read()).decode("ascii"), "revised_prompt": revised})
         else:
-            items.append({"url": request.build_absolute_uri(image_url(image.storage_key)), "revised_prompt": None})
+            items.append({"url": request.build_absolute_uri(image_url(image.storage_key)), "revised_prompt": revised})
     return items
 
 

@@ -1,0 +1,213 @@
+"""The rewrite stage through real workers: a free-form prompt goes through the shipped rewriter
+(models/rewriter-v1) on its own queue, is checked again, drawn, and reported on both APIs; a
+rewrite the gate refuses costs no image GPU time; the cache hits only with the same rewriter;
+a rewriter killed mid-pass loses nothing."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from django.conf import settings
+from PIL import Image
+
+from tests.conftest import admitted_to, wait_for_status, wait_until_cached
+from tests.live_server import start_daphne, stop_daphne
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FREE_FORM = "a vermilion pebble against a cerulean sky"
+DRAWN = "a red circle on a blue background"
+
+
+def submit(api, prompt: str, **extra) -> dict:
+    body = {"prompt": prompt, "width": 64, "height": 64, "steps": 2, "seed": 7, "rewrite": "on", **extra}
+    response = api.post("/api/v1/jobs", body, format="json")
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def stored_bytes(image) -> bytes:
+    from jobs.media.storage import public_storage
+
+    with public_storage().open(image.storage_key, "rb") as fh:
+        return fh.read()
+
+
+def test_a_free_form_prompt_is_rewritten_checked_again_and_drawn(workers, alice_api):
+    from jobs.models import GenerationJob
+
+    job_id = submit(alice_api, FREE_FORM, seed=3101)["id"]
+    canonical_id = submit(alice_api, DRAWN, seed=3102)["id"]
+    wait_for_status(job_id, ("done",))
+    wait_for_status(canonical_id, ("done",))
+
+    body = alice_api.get(f"/api/v1/jobs/{job_id}").json()
+    assert body["prompt"] == FREE_FORM  # the user's own, as written
+    assert body["revised_prompt"] == DRAWN and body["rewrite"] is True
+    assert body["rewriter"].startswith("rewriter-v1@")
+    job = GenerationJob.objects.get(id=job_id)
+    assert job.drawn_prompt == DRAWN and job.rewrite_attempts == 1
+    gates = dict(job.verdicts.filter(stage__in=("prompt", "rewrite")).values_list("stage", "decision"))
+    assert gates == {"prompt": "allow", "rewrite": "allow"}  # checked twice: as written, and as drawn
+    with Image.open(io.BytesIO(stored_bytes(job.images.get()))) as im:
+        assert im.info["parameters"].split("\n")[0] == DRAWN, im.info  # what was drawn, as A1111 tools read it
+
+    # A prompt already in the grammar is drawn as written, and needs no second check.
+    canonical = GenerationJob.objects.get(id=canonical_id)
+    assert canonical.revised_prompt == DRAWN and canonical.drawn_prompt == DRAWN
+    assert not canonical.verdicts.filter(stage="rewrite").exists()
+    with Image.open(io.BytesIO(stored_bytes(canonical.images.get()))) as im:
+        assert im.info["parameters"].split("\n")[0] == DRAWN
+
+    # Off: the stage is skipped, nothing is reported as revised.
+    off = submit(alice_api, FREE_FORM, seed=3103, rewrite="off")
+    assert off["rewrite"] is False and off["revised_prompt"] is None and off["rewriter"] is None
+    done = wait_for_status(off["id"], ("done",))
+    assert done.drawn_prompt == FREE_FORM and done.rewritten_at is None
+
+
+def test_a_rewrite_the_gate_refuses_is_blocked_at_the_second_check_and_costs_no_gpu_time(workers, alice_api):
+    """The default policy blocks stars; the user wrote "étoile", which the first check lets
+    through, and the rewriter translated it into the grammar's "star"."""
+    from jobs.models import Batch, GenerationJob, UsageCharge
+
+    batches = Batch.objects.count()
+    job_id = submit(alice_api, "une étoile jaune sur fond bleu", seed=3201)["id"]
+    job = wait_for_status(job_id, ("blocked",))
+    assert job.blocked_stage == "rewrite"
+    assert job.revised_prompt == "a yellow star on a blue background"
+    assert job.reason.startswith("the rewritten prompt:"), job.reason
+    gates = dict(job.verdicts.filter(stage__in=("prompt", "rewrite")).values_list("stage", "decision"))
+    assert gates == {"prompt": "allow", "rewrite": "block"}
+    job = GenerationJob.objects.get(id=job_id)
+    assert job.batch_id is None and job.started_at is None and job.charged_at is None and job.scheduled_at is None
+    assert not UsageCharge.objects.filter(job_id=job_id).exists()
+    assert Batch.objects.count() == batches  # no pass ran for it
+    body = alice_api.get(f"/api/v1/jobs/{job_id}").json()
+    assert body["blocked_stage"] == "rewrite" and body["revised_prompt"] == "a yellow star on a blue background"
+
+
+def test_the_cache_hits_only_with_the_same_rewriter(workers, alice_api, settings, tmp_path):
+    first = submit(alice_api, FREE_FORM, seed=3301)
+    delivered = wait_for_status(first["id"], ("done",))
+    wait_until_cached(delivered)
+
+    again = submit(alice_api, FREE_FORM, seed=3301)
+    assert again["status"] == "done" and again["revised_prompt"] == DRAWN  # the same rewrite, from the cache
+    assert submit(alice_api, FREE_FORM, seed=3301, rewrite="off")["status"] == "queued"  # not rewritten: another key
+
+    other = tmp_path / "rewriter-v1"  # another version of the rewriter: one file differs
+    shutil.copytree(settings.IMAGEGEN_REWRITER_PATH, other)
+    config = other / "config.json"
+    config.write_text(config.read_text() + "\n")
+    settings.IMAGEGEN_REWRITER_PATH = str(other)
+    probe = submit(alice_api, FREE_FORM, seed=3301)
+    assert probe["status"] == "queued", "an image rewritten by another rewriter version was served from the cache"
+
+
+def test_the_openai_route_rewrites_by_the_server_default_and_reports_revised_prompt(workers, worker_env, alice):
+    server = start_daphne({**worker_env, "IMAGEGEN_REWRITE_DEFAULT": "on"}, Path(settings.VAR_DIR),
+                          name="daphne-rewrite", collectstatic=False)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=alice.auth_token.key, max_retries=0, timeout=90)
+        result = client.images.generate(prompt="a ball the colour of grass on cream", size="64x64", n=1,
+                                        response_format="url")
+        assert result.data[0].revised_prompt == "a green circle on a white background"
+        assert httpx.get(result.data[0].url, timeout=10).status_code == 200
+        canonical = client.images.generate(prompt=DRAWN, size="64x64", n=1, response_format="b64_json")
+        assert canonical.data[0].revised_prompt == DRAWN  # drawn as written
+    finally:
+        stop_daphne(server)
+
+
+def test_rewrite_is_validated():
+    from rest_framework.test import APIClient
+
+    from tests.conftest import make_user
+
+    api = APIClient()
+    api.force_authenticate(make_user("rewrite-validation"))
+    bad = api.post("/api/v1/jobs", {"prompt": DRAWN, "rewrite": "sometimes"}, format="json")
+    assert bad.status_code == 400 and "rewrite" in bad.json(), bad.content
+    from django.test import override_settings
+
+    with override_settings(IMAGEGEN_REWRITER_PATH=""):
+        none = api.post("/api/v1/jobs", {"prompt": DRAWN, "rewrite": "on"}, format="json")
+    assert none.status_code == 400, none.content
+    assert "no prompt rewriter" in str(none.json()["rewrite"])
+
+
+_DIE_MID_PASS = r"""
+import sys, time
+import django
+django.setup()
+from gpu_tasks import rewrite_stage
+
+class Stuck:
+    version = "stuck"
+    def rewrite(self, prompts):
+        print("CLAIMED", flush=True)
+        time.sleep(600)
+
+rewrite_stage.rewriter = lambda: Stuck()
+rewrite_stage.run(sys.argv[1])
+"""
+
+
+def test_a_rewriter_killed_mid_pass_loses_nothing(workers, worker_env, alice_api, settings):
+    """A worker claims the job and is SIGKILLed inside its forward pass: the lease runs out, the
+    prompt stage's re-send wakes another rewriter, whose run counts the second attempt; the job
+    is drawn with its rewritten prompt."""
+    from jobs.models import GenerationJob
+
+    settings.QUEUE_REWRITE = "rewrite-nobody"  # the first wake goes nowhere: the doomed process claims it
+    with admitted_to(settings.IMAGEGEN_MODEL_NAME):
+        job_id = submit(alice_api, FREE_FORM, seed=3401)["id"]
+    doomed = subprocess.Popen([sys.executable, "-c", _DIE_MID_PASS, job_id], cwd=ROOT, env=worker_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 60
+        while "CLAIMED" not in line and time.monotonic() < deadline and doomed.poll() is None:
+            line = doomed.stdout.readline()
+        assert "CLAIMED" in line, doomed.stdout.read() if doomed.poll() is not None else line
+        job = GenerationJob.objects.get(id=job_id)
+        assert job.rewrite_attempts == 1 and job.rewrite_lease_expires_at is not None
+    finally:
+        if doomed.poll() is None:
+            os.killpg(doomed.pid, signal.SIGKILL)  # inside its forward pass, as a lost host would
+        doomed.wait(timeout=10)
+    resend = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS + settings.IMAGEGEN_LEASE_SECONDS
+    done = wait_for_status(job_id, ("done",), timeout=resend + 60)
+    assert done.rewrite_attempts == 2 and done.drawn_prompt == DRAWN and done.reason == ""
+    assert done.images.count() == 1
+
+
+def test_a_rewrite_interrupted_past_the_attempts_fails_naming_the_stage(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs import actions
+    from jobs.models import GenerationJob
+
+    job = GenerationJob.objects.create(
+        owner=alice, prompt=FREE_FORM, width=64, height=64, steps=2, guidance_scale=5.0, seed=1, model_version="m",
+        rewrite=True, rewrite_attempts=settings.IMAGEGEN_MAX_ATTEMPTS,
+        rewrite_lease_expires_at=timezone.now() - timedelta(seconds=1),
+    )
+    assert actions.claim_rewrites(str(job.id), 16) == []
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.reason == f"rewriting the prompt was interrupted {settings.IMAGEGEN_MAX_ATTEMPTS} times; nothing was generated"
