@@ -28,6 +28,10 @@ class Inputs:
     # priority=batch work runs in full passes on GPUs interactive work leaves idle, so its fleet
     # runs this busy (bench/fleet_sim.py --batch-share measures it).
     batch_utilization: float = 0.9
+    # The prompt rewriter (the rewrite stage): GPU-seconds per prompt at its batch, and the share
+    # of jobs that go through it. Counted per image (one-image jobs: the most it can cost).
+    rewrite_seconds_per_prompt: float = 0.0
+    rewrite_share: float = 1.0
 
 
 def _scenario(images_per_day: float, gpu_s_per_image: float, i: Inputs) -> dict:
@@ -63,6 +67,13 @@ def forecast(i: Inputs) -> dict:
         "price_per_image": {
             "interactive": base["fleet_cost_per_image"],
             "batch": at_best / 3600 * i.gpu_hour_price / i.batch_utilization,
+        },
+        # GPU-seconds per image without and with the prompt rewriter in front (at the best batch).
+        "rewrite": {
+            "seconds_per_prompt": i.rewrite_seconds_per_prompt,
+            "without": at_best,
+            "with": at_best + i.rewrite_seconds_per_prompt * i.rewrite_share,
+            "fleet_gpus_with": _scenario(i.images_per_day, at_best + i.rewrite_seconds_per_prompt * i.rewrite_share, i)["fleet_gpus"],
         },
         "storage_bytes_per_day": generated * i.bytes_per_image,
         "peak_submits_per_second": i.images_per_day / SECONDS_PER_DAY * i.peak_factor,

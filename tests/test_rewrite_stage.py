@@ -211,3 +211,37 @@ def test_a_rewrite_interrupted_past_the_attempts_fails_naming_the_stage(alice):
     job.refresh_from_db()
     assert job.status == "failed"
     assert job.reason == f"rewriting the prompt was interrupted {settings.IMAGEGEN_MAX_ATTEMPTS} times; nothing was generated"
+
+
+def test_the_rewriters_cost_enters_the_estimate_and_the_forecast(workers, redis_client):
+    from django.core.management import call_command
+
+    from jobs.admission import control
+    from scheduling import costs, scheduler
+    from scheduling.forecast import Inputs, forecast
+
+    redis_client.hdel(costs.COST_KEY, costs.REWRITE_PASS_FIELD, costs.REWRITE_PROMPT_FIELD)
+    assert costs.rewrite_seconds(costs.costs()) == settings.IMAGEGEN_PRIOR_REWRITE_SECONDS  # before any pass
+    costs.record_rewrite_cost(16, 0.032)
+    assert costs.rewrite_seconds(costs.costs()) == pytest.approx(0.032)
+    def shape(steps: int) -> str:
+        return scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, 64, 64, steps, 5.0, "")
+
+    plain = control.admit_or_degrade(shape, 1, 2, False)[1]
+    rewritten = control.admit_or_degrade(shape, 1, 2, False, rewrite=True)[1]
+    assert plain.eta_seconds is not None, "a live GPU worker gives an estimate"
+    assert rewritten.eta_seconds - plain.eta_seconds == pytest.approx(0.032, abs=0.02)
+
+    r = forecast(Inputs(images_per_day=1e6, gpu_hour_price=2, steps=20, step_seconds_batch1=0.01,
+                        step_seconds_best=0.005, best_batch=8, rewrite_seconds_per_prompt=0.002, rewrite_share=0.5))
+    assert r["rewrite"]["without"] == pytest.approx(0.1) and r["rewrite"]["with"] == pytest.approx(0.101)
+
+    import io as _io
+    import json
+
+    out = _io.StringIO()
+    call_command("forecast", "--images-per-day", "1000000", "--gpu-hour-price", "2", "--step-ms", "5",
+                 "--rewrite-ms", "2", "--json", stdout=out)
+    result = json.loads(out.getvalue().strip().splitlines()[-1])
+    assert result["rewrite"]["seconds_per_prompt"] == pytest.approx(0.002)
+    assert result["rewrite"]["with"] > result["rewrite"]["without"]

@@ -41,5 +41,8 @@ def index(request):
             "output_formats": ["png", "jpeg", "webp"],
             "models": models,
             "qualities": PAGE_QUALITIES,
+            # The prompt rewriter's switch: shown where one is configured, ticked as the server's default.
+            "rewriter": bool(settings.IMAGEGEN_REWRITER_PATH),
+            "rewrite_default": settings.IMAGEGEN_REWRITE_DEFAULT == "on",
         },
     )

@@ -4,7 +4,7 @@
   "use strict";
   const { $, api, el, show, seconds } = window.imagegen;
 
-  const FIELDS = ["prompt", "negative_prompt", "model", "quality", "size", "steps", "count", "seed", "guidance_scale", "output_format", "priority", "allow_degrade"];
+  const FIELDS = ["prompt", "negative_prompt", "model", "quality", "size", "steps", "count", "seed", "guidance_scale", "output_format", "priority", "allow_degrade", "rewrite"];
   const FIELD_OF = { width: "size", height: "size" };  // API field -> form field
   let countdown = null;
 
@@ -56,6 +56,7 @@
       steps: Number(form.steps.value), count: Number(form.count.value),
       output_format: form.output_format.value, priority: form.priority.value, allow_degrade: form.allow_degrade.checked,
     };
+    if (form.rewrite) body.rewrite = form.rewrite.checked ? "on" : "off";
     if (form.model && form.model.value) body.model = form.model.value;
     if (form.quality && form.quality.value && form.quality.value !== "auto") body.quality = form.quality.value;
     if (form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();

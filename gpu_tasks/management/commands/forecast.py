@@ -20,6 +20,9 @@ class Command(BaseCommand):
         parser.add_argument("--step-ms", type=float, default=None, help="skip measuring: ms per image-step at batch 1")
         parser.add_argument("--batches", default="1,2,4,8", help="batch sizes to measure")
         parser.add_argument("--peak-factor", type=float, default=3.0, help="peak over mean submit rate")
+        parser.add_argument("--rewrite-ms", type=float, default=None,
+                            help="skip measuring the prompt rewriter: ms per prompt at its batch (0: no rewriter)")
+        parser.add_argument("--rewrite-share", type=float, default=1.0, help="share of jobs the rewriter rewrites")
         parser.add_argument("--json", action="store_true", dest="as_json", help="print only the JSON")
 
     def handle(self, *args, **o):
@@ -37,7 +40,8 @@ class Command(BaseCommand):
             images_per_day=o["images_per_day"], gpu_hour_price=o["gpu_hour_price"], steps=o["steps"],
             step_seconds_batch1=step1, step_seconds_best=best, best_batch=best_batch,
             utilization=o["utilization"], cache_hit_rate=o["cache_hit_rate"], bytes_per_image=bytes_per_image,
-            peak_factor=o["peak_factor"],
+            peak_factor=o["peak_factor"], rewrite_seconds_per_prompt=self._rewrite_seconds(o),
+            rewrite_share=o["rewrite_share"],
         ))
         result["size"] = f"{width}x{height}"
         result["measured"] = measured
@@ -46,6 +50,25 @@ class Command(BaseCommand):
             self._table(result)
             self._models_table(result["models"])
         self.stdout.write(json.dumps(result, indent=None if o["as_json"] else 2))
+
+    def _rewrite_seconds(self, o) -> float:
+        """Seconds per prompt of the configured rewriter at IMAGEGEN_REWRITE_BATCH free-form
+        prompts (best of three passes); 0 without a rewriter."""
+        if o["rewrite_ms"] is not None:
+            return o["rewrite_ms"] / 1000
+        if not settings.IMAGEGEN_REWRITER_PATH:
+            return 0.0
+        from gpu_tasks.rewrite_stage import rewriter
+
+        model = rewriter()
+        prompts = [f"a vermilion pebble number {i} against a cerulean sky" for i in range(settings.IMAGEGEN_REWRITE_BATCH)]
+        model.rewrite(prompts)  # warm-up
+        best = float("inf")
+        for _ in range(3):
+            started = time.perf_counter()
+            model.rewrite(prompts)
+            best = min(best, time.perf_counter() - started)
+        return best / len(prompts)
 
     def _per_model(self, o, width, height, step1, best, best_batch, bytes_per_image) -> list[dict]:
         """Each served version at its own default steps: GPU-seconds and price per image. The
@@ -109,6 +132,8 @@ class Command(BaseCommand):
             ("cost per image (its GPU time)", f"${r['batch_1']['cost_per_image']:.6f}"),
             (f"cost per image with the idle fleet at {i['utilization']:.0%}", f"${r['batch_1']['fleet_cost_per_image']:.6f}"),
             ("cost per month (fleet)", f"${r['batch_1']['cost_per_month']:,.0f}"),
+            ("GPU-s per image with the rewriter", f"{r['rewrite']['with']:.4g} (rewriter "
+             f"{r['rewrite']['seconds_per_prompt'] * 1000:.2f} ms/prompt, {i['rewrite_share']:.0%} of jobs)"),
             ("storage per day", f"{r['storage_bytes_per_day'] / 1e9:,.2f} GB"),
             ("peak submits per second", f"{r['peak_submits_per_second']:,.1f}"),
             ("what if steps halved: fleet", f"{r['what_if']['steps_halved']['fleet_gpus']:,.1f}"),
