@@ -245,3 +245,18 @@ def test_the_rewriters_cost_enters_the_estimate_and_the_forecast(workers, redis_
     result = json.loads(out.getvalue().strip().splitlines()[-1])
     assert result["rewrite"]["seconds_per_prompt"] == pytest.approx(0.002)
     assert result["rewrite"]["with"] > result["rewrite"]["without"]
+
+
+def test_the_page_has_the_rewrite_switch_ticked_as_the_server_default(alice, settings):
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/").content.decode()
+    switch = page[page.index('id="rewrite"'):].split(">", 1)[0]
+    assert "checked" not in switch  # the tests' server default is off
+    settings.IMAGEGEN_REWRITE_DEFAULT = "on"
+    page = client.get("/").content.decode()
+    assert "checked" in page[page.index('id="rewrite"'):].split(">", 1)[0]
+    settings.IMAGEGEN_REWRITER_PATH = ""
+    assert 'id="rewrite"' not in client.get("/").content.decode()  # no rewriter: no switch
