@@ -125,3 +125,31 @@ def test_a_poll_of_a_finished_job_makes_no_redis_round_trip(alice, alice_api, re
     answer = alice_api.get(f"/api/v1/jobs/{job.id}")
     redis_round_trips["on"] = False
     assert answer.status_code == 200 and redis_round_trips["n"] == 0, redis_round_trips["what"]
+
+
+def test_the_precompiled_limit_counts_answer_what_the_orm_statement_answers(alice, bob):
+    import uuid
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from jobs.access import usage
+    from jobs.models import UsageCharge
+
+    for status in ("queued", "queued", "running", "review", "done"):
+        make_job(alice, status=status, billable_images=2)
+    make_job(alice, status="queued", priority="batch", billable_images=3)
+    make_job(bob, status="queued")
+    now = timezone.now()
+    UsageCharge.objects.create(user=alice, job_id=uuid.uuid4(), images=4, image_steps=8, charged_at=now - timedelta(hours=1), priority="interactive")
+    UsageCharge.objects.create(user=alice, job_id=uuid.uuid4(), images=5, image_steps=10, charged_at=now - timedelta(days=2), priority="interactive")
+    for user in (alice, bob):
+        for priority in ("interactive", "batch"):
+            with transaction.atomic():
+                precompiled = usage.lock_and_count(user.pk, priority, now=now)
+            assert usage._counts_statement(priority) is not None  # compiled, not the per-call fallback
+            row = usage._counts_query(user.pk, priority, now - usage.QUOTA_WINDOW).first()
+            assert precompiled == tuple(v or 0 for v in row)
+    with transaction.atomic():
+        assert usage.lock_and_count(alice.pk, "interactive", now=now) == (3, 8, 4)
