@@ -45,8 +45,8 @@ def lock_and_count(user_id, priority: str = "interactive", now: datetime | None 
     if statement is None:
         row = _counts_query(user_id, priority, since).first()
     else:
-        sql, params, user_at, since_at = statement
-        params = list(params)
+        sql, standins, user_at, since_at = statement
+        params = list(standins)
         params[user_at], params[since_at] = user_id, connection.ops.adapt_datetimefield_value(since)
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
