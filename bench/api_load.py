@@ -92,6 +92,17 @@ class Conn:
         return status, headers, body
 
 
+def _refusal(status: int, body: bytes) -> str | None:
+    """A 429's `limit` (and `pool` for server_busy): why it was refused."""
+    if status != 429:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return "unreadable"
+    return ":".join(str(answer[k]) for k in ("limit", "pool") if answer.get(k))
+
+
 class OpenLoop:
     def __init__(self, port: int, max_connections: int, timeout: float):
         self.port, self.max_connections, self.timeout = port, max_connections, timeout
@@ -133,9 +144,9 @@ class OpenLoop:
         keep = False
         try:
             conn = await self._conn()
-            status, headers, _ = await asyncio.wait_for(conn.request(raw), self.timeout)
+            status, headers, body = await asyncio.wait_for(conn.request(raw), self.timeout)
             keep = headers.get("connection", "").lower() != "close"
-            out.append((due, time.monotonic() - due, status, headers.get("retry-after")))
+            out.append((due, time.monotonic() - due, status, headers.get("retry-after"), _refusal(status, body)))
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             out.append((due, time.monotonic() - due, f"error:{type(exc).__name__}", None))
         finally:
@@ -282,6 +293,10 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
     answered = [a for a in answers if isinstance(a[2], int)]
     span = (max(a[0] + a[1] for a in answers) - min(a[0] for a in answers)) if answers else seconds
     no_retry_after = sum(1 for a in answers if a[2] in (429, 503) and not a[3])
+    refusals: dict[str, int] = {}
+    for a in answers:
+        if len(a) > 4 and a[4]:
+            refusals[a[4]] = refusals.get(a[4], 0) + 1
     return {
         "sent": len(answers),
         "achieved_per_s": round(len(answered) / max(span, 1e-9), 1),
@@ -292,6 +307,7 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
         "codes": dict(sorted(codes.items())),
         "5xx": sum(n for c, n in codes.items() if c.startswith("5")),
         "429_or_503_without_retry_after": no_retry_after,
+        "refused_by": dict(sorted(refusals.items())),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, len(answered)), 2),
     }
 
@@ -454,7 +470,7 @@ def main() -> None:
                     print(f"{kind:6} depth {depth:>5} offered {rate:>5.0f}/s: achieved {f['achieved_per_s']:>6}/s "
                           f"(2xx {f['ok_per_s']}/s) "
                           f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
-                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']}", flush=True)
+                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']} refused by {f['refused_by']}", flush=True)
     finally:
         if web is not None:
             stop_group(web, 20)
