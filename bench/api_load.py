@@ -20,6 +20,13 @@ are measured: achieved rate (answers per second), p50/p99 latency, status codes,
 processes' CPU seconds per answered request. Polls alternate between finished jobs (done, with an
 image) and jobs waiting in the queue. Writes bench/results/api_load.json.
 
+--shipped: as `make run` ships rather than with the benchmark's limits off: the request rates
+and the prompt-check rate at their defaults (the per-address rate raised: every client here is
+loopback), the Celery workers at normal priority (the cpu worker's MiniLM prompt checks share
+the cores with the web tier, as on a one-machine install), the default image gate. `--poll-rates
+none` measures submits only. The load average is recorded per cell: prefer the ratios between
+runs made back to back.
+
 --breakdown N: instead, N serial submits and N serial polls with IMAGEGEN_SERVER_TIMING on; per
 request the client's wall time and the web process's own account (jobs/api/timing.py): wall,
 thread CPU, database statements and time, Redis round trips and time, wait for a thread.
@@ -85,6 +92,17 @@ class Conn:
         return status, headers, body
 
 
+def _refusal(status: int, body: bytes) -> str | None:
+    """A 429's `limit` (and `pool` for server_busy): why it was refused."""
+    if status != 429:
+        return None
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return "unreadable"
+    return ":".join(str(answer[k]) for k in ("limit", "pool") if answer.get(k))
+
+
 class OpenLoop:
     def __init__(self, port: int, max_connections: int, timeout: float):
         self.port, self.max_connections, self.timeout = port, max_connections, timeout
@@ -126,9 +144,9 @@ class OpenLoop:
         keep = False
         try:
             conn = await self._conn()
-            status, headers, _ = await asyncio.wait_for(conn.request(raw), self.timeout)
+            status, headers, body = await asyncio.wait_for(conn.request(raw), self.timeout)
             keep = headers.get("connection", "").lower() != "close"
-            out.append((due, time.monotonic() - due, status, headers.get("retry-after")))
+            out.append((due, time.monotonic() - due, status, headers.get("retry-after"), _refusal(status, body)))
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             out.append((due, time.monotonic() - due, f"error:{type(exc).__name__}", None))
         finally:
@@ -275,6 +293,10 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
     answered = [a for a in answers if isinstance(a[2], int)]
     span = (max(a[0] + a[1] for a in answers) - min(a[0] for a in answers)) if answers else seconds
     no_retry_after = sum(1 for a in answers if a[2] in (429, 503) and not a[3])
+    refusals: dict[str, int] = {}
+    for a in answers:
+        if len(a) > 4 and a[4]:
+            refusals[a[4]] = refusals.get(a[4], 0) + 1
     return {
         "sent": len(answers),
         "achieved_per_s": round(len(answered) / max(span, 1e-9), 1),
@@ -285,6 +307,7 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
         "codes": dict(sorted(codes.items())),
         "5xx": sum(n for c, n in codes.items() if c.startswith("5")),
         "429_or_503_without_retry_after": no_retry_after,
+        "refused_by": dict(sorted(refusals.items())),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, len(answered)), 2),
     }
 
@@ -353,12 +376,19 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "api_load.json"))
+    p.add_argument("--shipped", action="store_true",
+                   help="limits, worker priority and image gate as make run ships them (see the docstring)")
     p.add_argument("--breakdown", type=int, default=0,
                    help="N: only the per-request breakdown of N serial submits and N polls (Server-Timing)")
     a = p.parse_args()
 
-    stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_IMAGE_CLASSIFIER="none", IMAGEGEN_LOG_LEVEL="WARNING",
-                  IMAGEGEN_LOG_FORMAT="plain", IMAGEGEN_USER_MAX_IN_FLIGHT="1000000",
+    if a.shipped:  # imagegen/settings.py's defaults (Stack turns them off otherwise), one address for all
+        shipped = {"IMAGEGEN_THROTTLE_SUBMIT": "120/min", "IMAGEGEN_THROTTLE_READ": "600/min",
+                   "IMAGEGEN_THROTTLE_STREAM": "60/min", "IMAGEGEN_THROTTLE_IP": "1000000/min",
+                   "IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE": "60", "IMAGEGEN_USER_MAX_IN_REVIEW": "5"}
+    else:
+        shipped = {"IMAGEGEN_IMAGE_CLASSIFIER": "none"}
+    stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain", **shipped, IMAGEGEN_USER_MAX_IN_FLIGHT="1000000",
                   IMAGEGEN_USER_MAX_IMAGES_PER_DAY="100000000", IMAGEGEN_MAX_QUEUED_IMAGES="100000000",
                   IMAGEGEN_MAX_QUEUE_WAIT="1e12", IMAGEGEN_WEB_PROCESSES=str(a.web_processes),
                   IMAGEGEN_WEB_THREADS=str(a.web_threads), IMAGEGEN_SERVER_TIMING="1" if a.breakdown else "0")
@@ -382,7 +412,7 @@ def main() -> None:
         users = make_users(a.users)
         cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
         gpu = stack.start_worker("gpu0", settings.QUEUE_GPU)
-        for proc in (cpu, gpu):
+        for proc in ([] if a.shipped else [cpu, gpu]):
             os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
         log = open(stack.var / "web.log", "ab")
         web = subprocess.Popen(web_command(stack.env, str(port)), cwd=ROOT, env=stack.env, stdout=log,
@@ -423,7 +453,7 @@ def main() -> None:
             print(json.dumps(result["breakdown"], indent=2), flush=True)
         for depth in ([] if a.breakdown else [int(d) for d in a.depths.split(",")]):
             for kind, rates in (("poll", a.poll_rates), ("submit", a.submit_rates)):
-                for rate in [float(x) for x in rates.split(",")]:
+                for rate in [float(x) for x in rates.split(",") if x and x != "none"]:
                     reset_queue()
                     queued = prefill(max(depth, a.poll_targets if kind == "poll" else depth), users, rng)
                     targets = queued[:: max(1, len(queued) // a.poll_targets)][: a.poll_targets] + finished
@@ -440,7 +470,7 @@ def main() -> None:
                     print(f"{kind:6} depth {depth:>5} offered {rate:>5.0f}/s: achieved {f['achieved_per_s']:>6}/s "
                           f"(2xx {f['ok_per_s']}/s) "
                           f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
-                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']}", flush=True)
+                          f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']} refused by {f['refused_by']}", flush=True)
     finally:
         if web is not None:
             stop_group(web, 20)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from imagegen.redis_client import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis, write
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def _labels_key(labels: dict | None) -> str:
 
 def inc(name: str, value: float = 1.0, **labels) -> None:
     try:
-        get_redis().hincrbyfloat(f"{PREFIX}m:c:{name}", _labels_key(labels), value)
+        key, field = f"{PREFIX}m:c:{name}", _labels_key(labels)
+        write(lambda pipe: pipe.hincrbyfloat(key, field, value))  # with the request's other counters
     except Exception:
         log.warning("metric %s not recorded", name, exc_info=True)
 

@@ -311,6 +311,10 @@ IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
 # that restarted empty drops what is sent before the workers declare their queues again): the
 # reaper sends it again, at most once per this many seconds per job.
 IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = env_float("IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", 60.0)
+# A cpu worker's prompt check also checks up to this many - 1 other prompts still waiting for
+# theirs, with one encoder pass for all (jobs/pipeline/prompt_batch.py; bench/prompt_batch.py
+# measured the CPU per prompt at batch 1 and 32). 1: each prompt alone.
+IMAGEGEN_PROMPT_BATCH = env_int("IMAGEGEN_PROMPT_BATCH", 16)
 # A batch stage that no worker started this long after it was sent had its message lost: the
 # reaper sends it again (not an attempt). The bound grows by twice the stage's measured run time
 # for every batch queued ahead of it, so a stage that merely waits behind a backlog is left alone.

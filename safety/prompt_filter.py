@@ -439,6 +439,30 @@ class PromptFilter:
         return PromptVerdict(top.decision, top.category, top.score, top.reason, self.version, top.matched, language, languages)
 
 
+    def check_many(self, items: list[tuple[str, str]]) -> list[PromptVerdict | Exception]:
+        """check() for several (prompt, negative prompt) pairs, the same verdict each, with the
+        encoder run once for all of their clauses (EmbeddingCache.warm) rather than once per
+        prompt. A pair whose check raised gets its exception in its place; the others stand."""
+        if self.embedder is not None and len(items) > 1:
+            texts: list[str] = []
+            for prompt, _ in items:
+                try:
+                    reading = self.readings(prompt)[0] if isinstance(prompt, str) else ""
+                except Exception:  # its own check() below raises it again, in its place
+                    continue
+                if reading.strip():
+                    texts += texts_to_embed(reading, self.embedder, self.head)
+            if texts:
+                self.embedding_cache.warm(self.embedder, texts)
+        out: list[PromptVerdict | Exception] = []
+        for prompt, negative in items:
+            try:
+                out.append(self.check(prompt, negative))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+
 # --- process-wide instance -----------------------------------------------------------
 _INSTANCE: PromptFilter | None = None
 _INSTANCE_LOCK = threading.Lock()

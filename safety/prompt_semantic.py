@@ -190,6 +190,38 @@ class EmbeddingCache:
         with self._lock:
             self._rows.clear()
 
+    def warm(self, embedder, texts: list[str], per_call: int = 512) -> dict[str, Any]:
+        """Encode the texts not cached in as few encoder calls as their tokens allow (about
+        `per_call` tokens packed into each), keep them, and return every row by text: a batch of
+        prompts' clauses costs one forward instead of one per prompt (the per-call overhead of a
+        6-layer encoder on short inputs is most of a short prompt's check)."""
+        with self._lock:
+            rows: dict[str, Any] = {t: self._rows[t] for t in texts if t in self._rows}
+        missing = [t for t in dict.fromkeys(texts) if t not in rows]
+        if not missing:
+            return rows
+        lengths = [len(ids) + 2 for ids in embedder.token_ids(missing)]
+        packed = getattr(embedder, "encode_packed", None)
+        start = 0
+        while start < len(missing):
+            end, used = start, 0
+            while end < len(missing) and (end == start or used + lengths[end] <= per_call):
+                used += lengths[end]
+                end += 1
+            chunk = missing[start:end]
+            fresh = packed(chunk, fast=True) if packed is not None else embedder.encode(chunk, fast=True)
+            for t, row in zip(chunk, fresh, strict=True):
+                rows[t] = row
+            start = end
+        with self._lock:
+            for t in missing:
+                if self.size:
+                    self._rows[t] = rows[t]
+                    self._rows.move_to_end(t)
+            while len(self._rows) > self.size:
+                self._rows.popitem(last=False)
+        return rows
+
     def encode(self, embedder, texts: list[str]):
         """Rows for ``texts`` (n, 384); only the ones not cached go to the encoder, in one call."""
         import torch

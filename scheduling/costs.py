@@ -68,6 +68,22 @@ def rewrite_seconds(costs: dict) -> float:
     return float(costs.get(REWRITE_PASS_FIELD, settings.IMAGEGEN_PRIOR_REWRITE_SECONDS))
 
 
+_rewrite_read: list[float] = [0.0, 0.0]  # when this process last read it, and what it read
+
+
+def recent_rewrite_seconds(max_age: float = 5.0) -> float:
+    """rewrite_seconds, read from Redis at most once per `max_age` seconds per process: the
+    submit path's figure (a rewriter pass changes slowly; a round trip per submit would not)."""
+    import time
+
+    now = time.monotonic()
+    if now - _rewrite_read[0] > max_age:
+        fields = get_redis().hmget(COST_KEY, [REWRITE_PASS_FIELD])
+        value = float(fields[0]) if fields[0] is not None else float(settings.IMAGEGEN_PRIOR_REWRITE_SECONDS)
+        _rewrite_read[:] = [now, value]
+    return _rewrite_read[1]
+
+
 def costs() -> dict:
     return get_redis().hgetall(COST_KEY)
 

@@ -121,7 +121,7 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
 @pytest.mark.django_db
 def test_a_costly_summary_is_answered_while_one_background_refresh_recomputes_it(summary_lane, monkeypatch):
     # No cpu worker's refresher (a session's workers may run one): this process refreshes it.
-    monkeypatch.setattr(queue_summary, "_refresher_alive", lambda: False)
+    monkeypatch.setattr(queue_summary, "_alive_key", lambda: f"{PREFIX}summary-refresher-of-nobody")
     random_workload(summary_lane, random.Random(99))
     shape = SHAPES[0]
     first = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL))
@@ -282,20 +282,31 @@ def test_make_runs_web_processes_come_up_and_serve_rest_and_server_sent_events(w
 
 
 @pytest.mark.django_db
-def test_a_cheap_new_job_entry_is_recomputed_after_a_submit_of_its_shape(summary_lane, monkeypatch):
+def test_a_cheap_new_job_entry_outdated_by_a_submit_is_recomputed_by_the_refresher_not_the_request(summary_lane, monkeypatch):
     # "Cheap" is a measured cost under SYNC_BUDGET; on a loaded machine this replay can take
     # longer, so the budget is raised rather than the machine timed.
     monkeypatch.setattr(queue_summary, "SYNC_BUDGET", 10.0)
     random_workload(summary_lane, random.Random(5))
     shape = SHAPES[1]
-    first = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
+    field, key = f"new|{shape}|1", f"{PREFIX}summary:{MODEL}"
+
+    def compute():
+        return queue_summary._compute_new(shape, 1, MODEL)
+
+    first = queue_summary.entry(MODEL, field, compute, shape=shape)
+    summary_lane.set(queue_summary._alive_key(), "1", px=5000)  # a refresher is alive
     time.sleep(queue_summary.CHANGE_FACTOR * first["cost"] + 0.001)
-    same = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
+    same = queue_summary.entry(MODEL, field, compute, shape=shape)
     if time.time() - first["at"] <= queue_summary.FRESH_FACTOR * first["cost"]:
         assert same["at"] == first["at"]  # nothing accepted since: still fresh
     queue_summary.note_submit(shape, MODEL)
-    newer = queue_summary.entry(MODEL, f"new|{shape}|1", lambda: queue_summary._compute_new(shape, 1, MODEL), shape=shape)
-    assert newer["at"] > first["at"]
+    answered = queue_summary.entry(MODEL, field, compute, shape=shape)
+    assert answered["at"] == first["at"]  # answered as it was: no replay in the request
+    assert summary_lane.hget(key, f"want|{field}") is not None
+    assert queue_summary.refresh_wanted(MODEL) == 1
+    assert json.loads(summary_lane.hget(key, field))["at"] > first["at"]
+    assert queue_summary.refresh_wanted(MODEL) == 0  # done: the want is older than the entry
+    summary_lane.delete(queue_summary._alive_key())
 
 
 @pytest.mark.django_db

@@ -224,6 +224,7 @@ def test_the_rewriters_cost_enters_the_estimate_and_the_forecast(workers, redis_
     assert costs.rewrite_seconds(costs.costs()) == settings.IMAGEGEN_PRIOR_REWRITE_SECONDS  # before any pass
     costs.record_rewrite_cost(16, 0.032)
     assert costs.rewrite_seconds(costs.costs()) == pytest.approx(0.032)
+    assert costs.recent_rewrite_seconds(max_age=0) == pytest.approx(0.032)  # what a submit reads
     def shape(steps: int) -> str:
         return scheduler.shape_key(settings.IMAGEGEN_MODEL_VERSION, 64, 64, steps, 5.0, "")
 

@@ -89,16 +89,25 @@ def current_estimate(shape: str, images: int, owner=None, tier: int = policy.INT
     IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT)."""
     if tier != policy.INTERACTIVE:
         return estimate(shape, images, owner=str(owner.pk) if owner is not None else "", tier=tier)
-    est = queue_summary.new_job_estimate(shape, images)
+    e = queue_summary.new_job_entry(shape, images)
+    est = queue_summary.estimate_of(e)
     own = _own_queued_images(owner, shape) if owner is not None else 0
     if own and est.eta_seconds is not None and est.active_gpus:
-        costs = cost_model.costs()
-        cap = cap_of(shape)
-        passes = math.ceil((own + images) / cap)
-        own_drain = passes * pass_seconds(shape, cap, costs) / est.active_gpus + cost_model.overhead(costs)
+        full_pass, overhead = e.get("full_pass"), e.get("overhead")
+        if full_pass is None or overhead is None:  # an entry made before they were kept in it
+            costs = cost_model.costs()
+            full_pass, overhead = pass_seconds(shape, cap_of(shape), costs), cost_model.overhead(costs)
+        passes = math.ceil((own + images) / cap_of(shape))
+        own_drain = passes * full_pass / est.active_gpus + overhead
         if own_drain > est.eta_seconds:
             return Estimate(own_drain, est.position, est.work_ahead_seconds, est.queued_images, est.active_gpus)
     return est
+
+
+def read_ahead(shape: str, images: int, tier: int = policy.INTERACTIVE) -> None:
+    """Queue current_estimate's Redis reads to ride in the request's next pipeline."""
+    if tier == policy.INTERACTIVE:
+        queue_summary.read_ahead_new(shape, images)
 
 
 def _own_queued_images(owner, shape: str) -> int:
@@ -139,7 +148,7 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
                      tier: int = policy.INTERACTIVE, rewrite: bool = False) -> tuple[int, Estimate]:
     """The steps to run with (lowered when degrading) and the estimate, or Refused. A job whose
     prompt goes through the rewriter waits one measured rewriter pass more (scheduling/costs.py)."""
-    extra = cost_model.rewrite_seconds(cost_model.costs()) if rewrite else 0.0
+    extra = cost_model.recent_rewrite_seconds() if rewrite else 0.0
 
     def estimate_of(shape: str) -> Estimate:
         est = current_estimate(shape, images, owner, tier)

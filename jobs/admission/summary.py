@@ -20,16 +20,18 @@ Freshness: an entry is refreshed once it is older than FRESH_FACTOR (20) times i
 time (at most IMAGEGEN_SUMMARY_MAX_AGE), so keeping one entry fresh never takes more than 1/20
 of a core, whatever the backlog: a replay of 10,000 images (~135 ms of CPU here) is redone
 every ~3 s, against a wait of many minutes; one of an empty queue (~2.5 ms) every 0.05 s. Costs
-are CPU seconds (thread time), steady when the machine is busy. A cheap one (under
-SYNC_BUDGET: a short queue) is recomputed by the request that finds it stale, and a cheap
-new-job entry also once a job of its shape was accepted after it was made, so with a short
-queue the answer is as fresh as a replay per request was. A costly one is answered from the
-stale entry while it is recomputed off the request path: by the refresher thread of a cpu
-Celery worker (refresher_loop, started on worker_ready; one computer per entry across all of
-them, a Redis lock) when one is alive, so the web processes never replay a long queue; else by
-a thread of the web process. An entry older than IMAGEGEN_SUMMARY_MAX_AGE (no refresher: twice
-its freshness), or missing, is computed by the request that wants it; others wanting it
-meanwhile wait for that computation.
+are CPU seconds (thread time), steady when the machine is busy. A cheap new-job entry (under
+SYNC_BUDGET: a short queue) is also refreshed once a job of its shape was accepted after it was
+made. A request never recomputes an entry that exists: a stale one (or one outdated by a
+submit) answers as it is while it is recomputed off the request path, by the refresher thread
+of a cpu Celery worker (refresher_loop, started on worker_ready, every REFRESH_EVERY; one
+computer per entry across all of them, a Redis lock) when one is alive, asked for by a marker
+the request sends with its other counters; else by a thread of the web process. Until
+issue 33 a cheap entry was recomputed in the request that found it stale, which cost a submit
+eight Redis round trips each time one of its shape had come before. An entry older than
+IMAGEGEN_SUMMARY_MAX_AGE (no refresher: twice its freshness, at least STALE_GRACE), or
+missing, is computed by the request that wants it; others wanting it meanwhile wait for that
+computation. A submit reads its entry in the request-hash cache's round trip (read_ahead_new).
 Changes to the replay (scheduling/policy.py, jobs/admission/control.py) flow through unchanged.
 """
 
@@ -47,7 +49,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 
-from imagegen.redis_client import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis, read_ahead, reads, write
 from jobs.admission import replay as admission
 from scheduling import catalogue, scheduler
 from scheduling import costs as cost_model
@@ -56,7 +58,8 @@ from scheduling.lanes import lane_of, lane_of_shape
 SAMPLES = 6  # replays per shape bucket for queued jobs' ETAs
 FRESH_FACTOR = 20.0  # an entry stays fresh for this many times its compute time
 CHANGE_FACTOR = 4.0  # a cheap entry outdated by a submit is recomputed at most this often (x its cost)
-SYNC_BUDGET = 0.008  # CPU seconds: an entry cheaper than this is recomputed in the request
+SYNC_BUDGET = 0.008  # CPU seconds: an entry cheaper than this is refreshed after a submit of its shape
+STALE_GRACE = 1.0  # seconds a stale entry answers while this process recomputes it (no refresher alive)
 ENTRY_TTL = 3600  # seconds an unused entry stays in Redis
 FIRST_WAIT = 2.0  # seconds a request waits for another's first computation of an entry
 
@@ -125,36 +128,54 @@ def _refresh_in_background(model: str, field: str, compute: Callable[[], dict], 
     _refresher.submit(run)
 
 
+def _reads(model: str, field: str, counter: str | None) -> tuple[tuple, tuple]:
+    """The two reads behind an entry (one round trip, or none when read ahead): the entry with
+    its submit counter, and whether a refresher is alive."""
+    return ("HMGET", _key(model), field, counter or field), ("EXISTS", _alive_key())
+
+
+def _grace(current: dict, alive: bool) -> float:
+    """How old a stale entry may be and still answer while it is recomputed off the request:
+    with a refresher, IMAGEGEN_SUMMARY_MAX_AGE; without, twice its freshness (at least
+    STALE_GRACE: a cheap entry's freshness is a few milliseconds)."""
+    if alive:
+        return settings.IMAGEGEN_SUMMARY_MAX_AGE
+    return max(2 * _fresh_for(current), STALE_GRACE)
+
+
 def entry(model: str, field: str, compute: Callable[[], dict], shape: str = "") -> dict:
     """The summary entry `field`, fresh enough (see the module docstring). With `shape`, a cheap
-    entry is also recomputed once a job of that shape was accepted after it was made (it is not
-    in the entry), at most every CHANGE_FACTOR x its compute time."""
+    entry is also refreshed once a job of that shape was accepted after it was made (it is not
+    in the entry), at most every CHANGE_FACTOR x its compute time. A request recomputes only a
+    missing entry or one past its grace: a stale one answers as it is, and the refresher of a
+    cpu worker (or, with none alive, a thread of this process) recomputes it."""
     counter = f"submits|{shape}" if shape else None
-    raw, submits = get_redis().hmget(_key(model), [field, counter or field])
+    (raw, submits), alive = reads(*_reads(model, field, counter))
     current = json.loads(raw) if raw else None
     if current is None:
         return _first(model, field, compute, submits if counter else None)
     age = time.time() - current["at"]
-    cheap = current["cost"] <= SYNC_BUDGET
-    changed = counter is not None and cheap and (submits or "0") != current.get("submits", "0") \
-        and age > CHANGE_FACTOR * current["cost"]
-    fresh_for = _fresh_for(current)
-    if age <= fresh_for and not changed:
+    changed = counter is not None and current["cost"] <= SYNC_BUDGET \
+        and (submits or "0") != current.get("submits", "0") and age > CHANGE_FACTOR * current["cost"]
+    if age <= _fresh_for(current) and not changed:
         return current
-    if not cheap:
-        # A costly entry answers while it is recomputed off the request: by the refresher of a
-        # cpu worker when one is alive (up to IMAGEGEN_SUMMARY_MAX_AGE old), else by a thread of
-        # this process (up to twice its freshness old). Older, it is recomputed here first.
-        alive = _refresher_alive()
-        if age <= (settings.IMAGEGEN_SUMMARY_MAX_AGE if alive else 2 * fresh_for):
-            if alive:
-                get_redis().hset(_key(model), f"want|{field}", repr(time.time()))
-            elif _lock(model, field, max(1.0, 3 * current["cost"])):
-                _refresh_in_background(model, field, compute, submits if counter else None)
-            return current
+    if age <= _grace(current, bool(alive)):
+        if alive:  # the refresher's next pass (every REFRESH_EVERY) recomputes it
+            wanted = repr(time.time())
+            write(lambda pipe: pipe.hset(_key(model), f"want|{field}", wanted))
+        elif _lock(model, field, max(1.0, 3 * current["cost"])):
+            _refresh_in_background(model, field, compute, submits if counter else None)
+        return current
     if not _lock(model, field, max(1.0, 3 * current["cost"])):
         return _wait_newer(model, field, current, 3 * current["cost"] + 0.01)  # another is computing it
     return _store(model, field, compute, submits if counter else None)
+
+
+def read_ahead_new(shape: str, images: int, model_name: str | None = None) -> None:
+    """Queue the reads of new_job_estimate(shape, images) to ride in the request's next pipeline
+    (the submit's request-hash cache lookup: one round trip for both)."""
+    model = model_name or lane_of_shape(shape)
+    read_ahead(*_reads(model, f"new|{shape}|{images}", f"submits|{shape}"))
 
 
 def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
@@ -170,8 +191,10 @@ def _wait_newer(model: str, field: str, current: dict, seconds: float) -> dict:
 
 
 def note_submit(shape: str, model_name: str | None = None) -> None:
-    """A job of `shape` was accepted: cheap new-job entries of that shape are recomputed."""
-    get_redis().hincrby(_key(model_name or lane_of_shape(shape)), f"submits|{shape}", 1)
+    """A job of `shape` was accepted: cheap new-job entries of that shape are recomputed (sent
+    with the request's other counters: redis_client.batched)."""
+    key = _key(model_name or lane_of_shape(shape))
+    write(lambda pipe: pipe.hincrby(key, f"submits|{shape}", 1))
 
 
 def _first(model: str, field: str, compute: Callable[[], dict], submits: str | None = None) -> dict:
@@ -204,6 +227,10 @@ def _compute_new(shape: str, images: int, model: str) -> dict:
         "work_ahead": est.work_ahead_seconds,
         "queued_images": est.queued_images,
         "gpus": est.active_gpus,
+        # what current_estimate needs for an owner with jobs of the shape queued: a full pass
+        # and the overhead, read with the entry instead of the cost model's hash
+        "full_pass": cost_model.pass_seconds(shape, scheduler.cap_for(*_size(shape), _version(shape)), costs),
+        "overhead": cost_model.overhead(costs),
     }
 
 
@@ -220,10 +247,20 @@ def _eta(eta_end: float | None, floor: float, now: float) -> float | None:
     return None if eta_end is None else max(eta_end - now, floor)
 
 
+def new_job_entry(shape: str, images: int, model_name: str | None = None) -> dict:
+    """The summary's new-job entry for (shape, images): what new_job_estimate answers from."""
+    model = model_name or lane_of_shape(shape)
+    return entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model), shape=shape)
+
+
+def estimate_of(e: dict) -> admission.Estimate:
+    return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
+                              e["queued_images"], e["gpus"])
+
+
 def new_job_estimate(shape: str, images: int, model_name: str | None = None) -> admission.Estimate:
     """admission.estimate(shape, images) for a new job, from the summary."""
-    model = model_name or lane_of_shape(shape)
-    e = entry(model, f"new|{shape}|{images}", lambda: _compute_new(shape, images, model), shape=shape)
+    e = new_job_entry(shape, images, model_name)
     return admission.Estimate(_eta(e["eta_end"], e["floor"], time.time()), e["position"], e["work_ahead"],
                               e["queued_images"], e["gpus"])
 
@@ -312,16 +349,12 @@ def queue_counts(model_name: str | None = None) -> dict[str, dict]:
 # --- the refresher: costly entries recomputed by a cpu worker, off the web processes ---
 
 ALIVE_TTL = 5.0
-REFRESH_EVERY = 0.2
+REFRESH_EVERY = 0.05  # a submit's stale entry is recomputed this soon after
 _stop = threading.Event()
 
 
 def _alive_key() -> str:
     return f"{PREFIX}summary-refresher"
-
-
-def _refresher_alive() -> bool:
-    return bool(get_redis().exists(_alive_key()))
 
 
 def _compute_for(model: str, field: str) -> tuple[Callable[[], dict], str | None] | None:
@@ -338,7 +371,8 @@ def _compute_for(model: str, field: str) -> tuple[Callable[[], dict], str | None
 
 
 def refresh_wanted(model: str) -> int:
-    """Recompute every costly entry that a request found stale since it was made. Returns how many."""
+    """Recompute every entry that a request found stale (or, cheap, outdated by a submit of its
+    shape) since it was made. Returns how many."""
     r = get_redis()
     fields = r.hgetall(_key(model))
     done = 0
@@ -348,12 +382,14 @@ def refresh_wanted(model: str) -> int:
         if wanted is None or how is None:
             continue
         current = json.loads(raw)
-        if float(wanted) < current["at"] or time.time() - current["at"] <= _fresh_for(current):
+        compute, counter = how
+        submits = fields.get(counter) if counter else None
+        changed = counter is not None and (submits or "0") != current.get("submits", "0")
+        if float(wanted) < current["at"] or (time.time() - current["at"] <= _fresh_for(current) and not changed):
             continue
         if not _lock(model, field, max(1.0, 3 * current["cost"])):
             continue
-        compute, counter = how
-        _store(model, field, compute, r.hget(_key(model), counter) if counter else None)
+        _store(model, field, compute, submits)
         done += 1
     return done
 

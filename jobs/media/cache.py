@@ -41,7 +41,7 @@ import logging
 
 from django.conf import settings
 
-from imagegen.redis_client import PREFIX, get_redis
+from imagegen.redis_client import PREFIX, get_redis, keep_reads, pipeline_with_reads, write
 from safety.gate_identity import gate_identity, is_unchecked
 from safety.policy_version import policy_identity
 
@@ -65,15 +65,14 @@ def _askers_key(shared_key: str) -> str:
     return shared_key.replace(f"{PREFIX}rc:", f"{PREFIX}rc-askers:", 1)
 
 
-def _asked_by_enough(r, shared_key: str, owner_id) -> bool:
+def _ask(pipe, shared_key: str, owner_id) -> None:
     """k-anonymity: count the asker among the distinct users who asked for this request (a set
-    per shared key, living as long as an entry); a shared entry serves only at k of them."""
+    per shared key, living as long as an entry); its SCARD is the third reply. A shared entry
+    serves only at k of them."""
     askers = _askers_key(shared_key)
-    pipe = r.pipeline()
     pipe.sadd(askers, str(owner_id))
     pipe.expire(askers, TTL_SECONDS)
     pipe.scard(askers)
-    return int(pipe.execute()[2]) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K)
 
 
 def reveal_delay(job) -> float:
@@ -139,11 +138,20 @@ def lookup(job, shared: bool = False) -> dict[int, object]:
     scopes = (False, True) if shared else (False,)
     keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in scopes]
     k_anonymous = settings.IMAGEGEN_CACHE_SCOPE == "k-anonymous"
+    asked = [n for n in range(len(keys)) if k_anonymous and shared and n % len(scopes) == 1]
+    # One round trip: the entries, the askers of each shared key, and whatever reads the
+    # request queued to ride along (the submit's summary entry: redis_client.read_ahead).
+    pipe, ahead = pipeline_with_reads()
+    pipe.mget(keys)
+    for n in asked:
+        _ask(pipe, keys[n], job.owner_id)
+    replies = keep_reads(pipe.execute(), ahead)
+    enough = {n: int(replies[3 + 3 * i]) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K) for i, n in enumerate(asked)}
     found = {}
-    for n, (key, image_id) in enumerate(zip(keys, r.mget(keys), strict=True)):
+    for n, (key, image_id) in enumerate(zip(keys, replies[0], strict=True)):
         index = n // len(scopes)
         is_shared = shared and n % len(scopes) == 1
-        if k_anonymous and is_shared and not _asked_by_enough(r, key, job.owner_id):
+        if n in enough and not enough[n]:
             continue  # fewer than k users asked for it: never shared (the entry stays)
         if index in found:
             continue
@@ -153,10 +161,8 @@ def lookup(job, shared: bool = False) -> dict[int, object]:
             found[index] = image
         elif image_id:
             r.delete(key)  # purged, blocked or lost since: never serve it again
-    if found:
-        r.incrby(HITS_KEY, len(found))
-    if job.count - len(found):
-        r.incrby(MISSES_KEY, job.count - len(found))
+    hits, misses = len(found), job.count - len(found)
+    write(lambda p: (hits and p.incrby(HITS_KEY, hits), misses and p.incrby(MISSES_KEY, misses)))
     return found
 
 

@@ -25,10 +25,10 @@ def gate_prompt(job_id: str) -> str:
     # A verdict already recorded (a redelivered task) is reused, never decided twice.
     verdict = SafetyVerdict.objects.filter(job=job, stage=stage).order_by("created_at").first()
     if verdict is None:
-        from safety.prompt_filter import get_prompt_filter
+        from jobs.pipeline import prompt_batch
 
         try:
-            result = get_prompt_filter().check(prompt, job.negative_prompt)
+            result = prompt_batch.check(job, prompt)  # with other waiting prompts in one encoder pass
         except Exception as exc:  # fail closed: a broken filter blocks nothing through
             log.exception("prompt filter failed for job %s", job_id)
             actions.fail_unstarted(job.id, f"the prompt safety check failed ({type(exc).__name__}); nothing was generated")

@@ -10,6 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from imagegen import metrics
+from imagegen.redis_client import batched as redis_batched
 from jobs import actions
 from jobs.admission import control as admission
 from jobs.media import cache
@@ -27,6 +28,11 @@ def submit_job(owner, data: dict) -> GenerationJob:
     The user's limits are checked twice: the in-flight limit first without a lock, so a user at
     it costs no estimate, then all of them inside the transaction that inserts the job, under
     the user's lock (jobs/access/usage.py), so concurrent submits cannot all pass one count."""
+    with redis_batched():  # the counters it writes in one round trip at the end
+        return _submit(owner, data)
+
+
+def _submit(owner, data: dict) -> GenerationJob:
     seed = data.get("seed")
     shared = cache.shares(seed_given=seed is not None)
     if seed is None:
@@ -53,12 +59,15 @@ def submit_job(owner, data: dict) -> GenerationJob:
     )
     job.model_version = data.get("model") or lanes.pick_version(job.id)
     job.rewriter_version = rewrite.identity() if job.rewrite else ""  # the cache key's part (jobs/media/cache.py)
+
+    def shape_for(steps: int) -> str:
+        return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
+
+    # The estimate's summary entry is read in the cache lookup's round trip (a miss needs it).
+    admission.read_ahead(shape_for(job.steps), job.count, scheduler.tier_of(job.priority))
     cached = cache.lookup(job, shared)
     job.estimate = None
     if len(cached) < job.count:
-        def shape_for(steps: int) -> str:
-            return scheduler.shape_key(job.model_version, job.width, job.height, steps, job.guidance_scale, job.scheduler)
-
         steps, job.estimate = admission.admit_or_degrade(
             shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
             scheduler.tier_of(job.priority), rewrite=job.rewrite,

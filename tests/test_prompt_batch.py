@@ -1,0 +1,110 @@
+"""Prompt checks batched across prompts (jobs/pipeline/prompt_batch.py): one encoder pass for
+several waiting prompts gives each the verdict its own check gives, records the others'
+verdicts, and their own tasks then only apply them."""
+
+from __future__ import annotations
+
+import pytest
+
+from imagegen.redis_client import get_redis
+from jobs.models import GenerationJob
+from jobs.pipeline import prompt_batch
+from jobs.pipeline.prompt_gate import gate_prompt
+from safety.prompt_filter import get_prompt_filter
+
+PROMPTS = [
+    ("a red circle on a grey background", ""),
+    ("a watercolour of a lighthouse at dusk, highly detailed", "blurry"),
+    ("a woman with no clothes at all", ""),
+    ("a man hanging from a noose in a barn", ""),
+    ("un chat orange sur une clôture", ""),
+    ("two people having explicit sex", ""),
+    ("a blue square and a green triangle", "text, watermark"),
+    ("a corpse with its throat slit open", ""),
+]
+
+
+@pytest.fixture
+def counted_checks(monkeypatch):
+    """The process's filter, with its single-prompt checks counted (the batch's own pass is
+    check_many's, which calls check per prompt once the encoder ran for all of them)."""
+    flt = get_prompt_filter()
+    calls = {"check": 0, "many": 0}
+    check, many = flt.check, flt.check_many
+
+    def counting_check(prompt, negative_prompt=""):
+        calls["check"] += 1
+        return check(prompt, negative_prompt)
+
+    def counting_many(items):
+        calls["many"] += 1
+        return many(items)
+
+    monkeypatch.setattr(flt, "check", counting_check)
+    monkeypatch.setattr(flt, "check_many", counting_many)
+    return calls
+
+
+def waiting_job(owner, prompt: str, negative: str = "") -> GenerationJob:
+    return GenerationJob.objects.create(owner=owner, prompt=prompt, negative_prompt=negative, width=64, height=64,
+                                        steps=2, guidance_scale=5.0, seed=1, model_version="tiny-random",
+                                        progress_total=2)
+
+
+def test_a_batch_check_gives_every_prompt_the_verdict_its_own_check_gives():
+    flt = get_prompt_filter()
+    alone = [flt.check(p, n) for p, n in PROMPTS]
+    flt.embedding_cache.clear()  # the batch encodes them itself, in one pass
+    together = flt.check_many(PROMPTS)
+    assert [(v.decision, v.category) for v in together] == [(v.decision, v.category) for v in alone]
+    assert [v.score for v in together] == pytest.approx([v.score for v in alone], abs=0.01)
+    assert {v.decision for v in alone} >= {"allow", "block"}  # the set exercises both outcomes
+
+
+def test_one_bad_pair_in_a_batch_fails_alone():
+    answers = get_prompt_filter().check_many([PROMPTS[0], (None, ""), PROMPTS[2]])  # type: ignore[list-item]
+    assert answers[0].decision == "allow" and isinstance(answers[1], TypeError) \
+        and answers[2].decision == get_prompt_filter().check(*PROMPTS[2]).decision != "allow"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_check_records_the_waiting_prompts_verdicts_and_their_tasks_only_apply_them(
+        alice, redis_client, settings, monkeypatch, counted_checks):
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+    settings.IMAGEGEN_PROMPT_BATCH = 32
+    jobs = [waiting_job(alice, p, n) for p, n in PROMPTS]
+    first = gate_prompt(str(jobs[0].id))
+    assert first == "allow" and counted_checks["many"] == 1
+    for job in jobs[1:]:
+        assert job.verdicts.filter(stage="prompt").count() == 1  # recorded by the first job's pass
+    checks_after_the_pass = counted_checks["check"]
+    decisions = [gate_prompt(str(job.id)) for job in jobs[1:]]
+    assert counted_checks["check"] == checks_after_the_pass and counted_checks["many"] == 1  # no filter ran again
+    expected = [get_prompt_filter().check(p, n).decision for p, n in PROMPTS[1:]]
+    assert decisions == expected
+    for job, decision in zip(jobs[1:], decisions, strict=True):
+        job.refresh_from_db()
+        if decision == "allow":  # admitted to the scheduler (a session's GPU worker may have taken it since)
+            assert job.scheduled_at is not None and job.status not in ("blocked", "review")
+        else:
+            assert job.status == {"block": "blocked", "review": "review"}[decision]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prompt_another_worker_claimed_is_left_to_it(alice, redis_client, settings, monkeypatch):
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+    settings.IMAGEGEN_PROMPT_BATCH = 32
+    mine, claimed, free = (waiting_job(alice, p) for p, _ in PROMPTS[:3])
+    get_redis().set(prompt_batch._claim_key(str(claimed.id)), "1", ex=60)  # another worker's drain holds it
+    gate_prompt(str(mine.id))
+    assert not claimed.verdicts.exists()
+    assert free.verdicts.filter(stage="prompt").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_batch_of_one_each_prompt_is_checked_alone(alice, redis_client, settings, monkeypatch, counted_checks):
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+    settings.IMAGEGEN_PROMPT_BATCH = 1
+    mine, other = waiting_job(alice, PROMPTS[0][0]), waiting_job(alice, PROMPTS[1][0])
+    gate_prompt(str(mine.id))
+    assert counted_checks == {"check": 1, "many": 0} and not other.verdicts.exists()
