@@ -9,7 +9,7 @@ from jobs.models import Batch, GenerationJob
 from safety.models import SafetyVerdict
 from scheduling import scheduler
 from scheduling.costs import COST_KEY
-from tests.conftest import wait_for_status
+from tests.conftest import wait_for_status, wait_until_cached
 from tests.test_batching import occupy_gpu
 from tests.test_generation import submit
 
@@ -42,6 +42,7 @@ def test_a_repeated_request_is_done_in_the_submit_response_with_the_same_image_a
     # Her own repeat: by default the cache is per user (another user's: tests/test_cache_scope.py).
     first = submit(alice_api, seed=4242, prompt="a purple square on a white background")
     done = wait_for_status(first["id"], ("done",))
+    wait_until_cached(done)  # remembered just after the commit that made it done
     batches_before = Batch.objects.count()
     again = submit(alice_api, seed=4242, prompt="a purple square on a white background")
     assert again["status"] == "done" and again["eta_seconds"] == 0.0
@@ -54,6 +55,7 @@ def test_a_repeated_request_is_done_in_the_submit_response_with_the_same_image_a
 
 def test_a_partial_hit_generates_only_the_missing_seeds(workers, alice_api):
     middle = wait_for_status(submit(alice_api, seed=7001, prompt="an orange triangle")["id"], ("done",))
+    wait_until_cached(middle)  # remembered just after the commit that made it done
     job = submit(alice_api, seed=7000, count=3, prompt="an orange triangle")
     done = wait_for_status(job["id"], ("done",))
     assert done.batch.size == 2, "only seeds 7000 and 7002 were generated"
