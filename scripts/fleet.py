@@ -460,9 +460,13 @@ backend media
         return names
 
     def ping(self, timeout: float = 1.5) -> set[str]:
+        """The Celery nodes that answer a broadcast ping (none while the broker is unreachable:
+        a Redis restart during a wait is waited out, not an error)."""
         app = self.celery()
         try:
             replies = app.control.ping(timeout=timeout)
+        except Exception:  # kombu's and redis-py's connection errors alike: a probe, retried by the caller
+            return set()
         finally:
             app.close()
         return {node for reply in replies for node in reply}

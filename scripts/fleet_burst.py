@@ -25,6 +25,9 @@ import httpx
 from scripts.fleet import PUBLIC_BUCKET, QUARANTINE_BUCKET, SERVICES_IP, Fleet
 
 TERMINAL = {"done", "blocked", "failed", "cancelled"}
+# Held for a moderator: not terminal and not delivered, but settled as far as the burst goes
+# (nothing in the fleet moves it on; a person does).
+SETTLED = TERMINAL | {"review"}
 
 # The environment the fleet's hosts get for a burst: the abuse limits are for people, not for
 # twenty scripted users behind one address; the scrape sees rows at once; short leases so a
@@ -177,7 +180,7 @@ class Run:
                         now = time.time()
                         with self.lock:
                             for job in res.json()["results"]:
-                                if job["status"] in TERMINAL and job["id"] not in self.finished:
+                                if job["status"] in SETTLED and job["id"] not in self.finished:
                                     self.finished[job["id"]] = (job["status"], now)
                 except httpx.HTTPError:
                     pass
@@ -343,7 +346,8 @@ class Run:
             time.sleep(1.0)
         # Let the watchers read their terminal events (bounded), then stop everyone.
         settle = time.monotonic() + 30
-        while time.monotonic() < settle and any(not w["terminal"] for w in list(self.watch.values())):
+        while time.monotonic() < settle and any(not w["terminal"] and self.finished.get(j, ("",))[0] in TERMINAL
+                                                for j, w in list(self.watch.items())):
             time.sleep(0.5)
         self.stop.set()
         wall = time.time() - self.t0
@@ -391,6 +395,13 @@ class Run:
             if line.startswith("imagegen_jobs_in_status{"):
                 status = line.split('status="', 1)[1].split('"', 1)[0]
                 in_status[status] = in_status.get(status, 0) + float(line.rsplit(" ", 1)[1])
+        workers_up: dict[str, float] = {}
+        queue_consumers: dict[str, float] = {}
+        for line in metrics.splitlines():
+            if line.startswith("imagegen_worker_up{"):
+                workers_up[line.split('worker="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+            elif line.startswith("imagegen_queue_consumers{"):
+                queue_consumers[line.split('queue="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
         db_status: dict[str, int] = {}
         for j in data["jobs"]:
             db_status[j["status"]] = db_status.get(j["status"], 0) + 1
@@ -409,7 +420,8 @@ class Run:
         watched = list(self.watch.values())
         return {
             "submitted": len(self.submitted), "submit_errors": self.submit_errors, "statuses": statuses,
-            "not_terminal": [j["id"] for j in ours if j["status"] not in TERMINAL],
+            "not_terminal": [j["id"] for j in ours if j["status"] not in SETTLED],
+            "in_review": len([j for j in ours if j["status"] == "review"]),
             "over_attempts": [j["id"] for j in ours if j["attempts"] > data["max_attempts"]],
             "failed_reasons": sorted({j["reason"] for j in ours if j["status"] == "failed"}),
             "images_lost": len([j for j in done if not j["images"]]) + len([k for k in done_keys if k not in public]) + len(fetch_failures),
@@ -419,9 +431,12 @@ class Run:
             "public_not_done": len(public - {i["key"] for j in data["jobs"] if j["status"] == "done" for i in j["images"]}),
             "quarantine_objects": len(quarantine),
             "metrics_jobs_in_status": in_status, "db_jobs_in_status": db_status,
+            "metrics_workers_up": workers_up, "metrics_queue_consumers": queue_consumers,
             "watchers": {"sse": len([w for w in watched if w["kind"] == "sse"]), "websocket": len([w for w in watched if w["kind"] == "websocket"]),
                          "reconnects": sum(w["reconnects"] for w in watched), "previews": sum(w["previews"] for w in watched)},
-            "watchers_terminal_not_once": [j for j, w in self.watch.items() if len(w["terminal"]) != 1],
+            # A job held for review has no terminal status yet: its watcher saw none.
+            "watchers_terminal_not_once": [j for j, w in self.watch.items()
+                                           if len(w["terminal"]) != (1 if jobs.get(j, {}).get("status") in TERMINAL else 0)],
             "watchers_terminal_differs": [j for j, w in self.watch.items() if w["terminal"] and jobs.get(j, {}).get("status") != w["terminal"][-1]],
             "jobs_per_s": round(len(done) / wall, 3) if wall > 0 else None,
             "submit_to_done_p50_s": pct(0.50), "submit_to_done_p95_s": pct(0.95),

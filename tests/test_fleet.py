@@ -35,6 +35,7 @@ def report():
 
 def test_every_job_of_the_burst_reaches_one_terminal_status_through_the_faults(report):
     assert report["submitted"] == 36 and not report["submit_errors"], report["submit_errors"]
+    # Terminal, or held for a moderator (review: settled until a person decides, never public).
     assert not report["not_terminal"], report
     assert report["statuses"].get("done", 0) > 0, report["statuses"]
     assert "failed" not in report["statuses"], report["failed_reasons"]
@@ -68,3 +69,15 @@ def test_watchers_see_the_terminal_status_exactly_once_and_as_the_database_has_i
 
 def test_the_metrics_agree_with_the_database(report):
     assert report["metrics_jobs_in_status"] == {k: float(v) for k, v in report["db_jobs_in_status"].items()}
+
+
+def test_the_metrics_show_the_lost_gpu_host_silent_and_every_queue_consumed(report):
+    """gpu1 was killed for good: its worker is not up (silent, or gone from the list: the Redis
+    restart after the kill emptied the heartbeats, and a dead host never heartbeats again); gpu3
+    joined; every routed queue still has a live consumer (classify and web1 were started again)."""
+    up = report["metrics_workers_up"]
+    assert [v for k, v in up.items() if k.endswith("@gpu1")] in ([], [0.0]), up
+    assert [v for k, v in up.items() if k.endswith("@gpu3")] == [1.0], up
+    consumers = report["metrics_queue_consumers"]
+    assert {"cpu", "classify", "io", "webhooks", "gpu.shapes"} <= set(consumers), consumers
+    assert all(n >= 1 for q, n in consumers.items() if q in {"cpu", "classify", "io", "webhooks", "gpu.shapes"}), consumers
