@@ -86,10 +86,13 @@ def test_every_stage_task_has_one_queue_in_the_routing_table_and_lanes_pick_thei
 
 
 def test_no_call_site_names_a_queue():
-    """One routing table: `queue=` never appears where a task is sent."""
+    """One routing table: `queue=` never appears where a task is sent (asking the broker how
+    deep a queue is, a passive `queue_declare`, sends nothing)."""
     offenders = []
     for path in _project_sources():
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "queue_declare":
+                continue
             if isinstance(node, ast.Call) and any(k.arg == "queue" for k in node.keywords):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
