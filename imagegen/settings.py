@@ -315,6 +315,9 @@ IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = env_float("IMAGEGEN_PROMPT_CHECK_RESEND_S
 # theirs, with one encoder pass for all (jobs/pipeline/prompt_batch.py; bench/prompt_batch.py
 # measured the CPU per prompt at batch 1 and 32). 1: each prompt alone.
 IMAGEGEN_PROMPT_BATCH = env_int("IMAGEGEN_PROMPT_BATCH", 16)
+# A worker consuming the prompt-check queue loads the prompt filter before its pool forks, so its
+# pool processes share one load instead of each loading on its first check (jobs/pipeline/tasks.py).
+IMAGEGEN_PRELOAD_PROMPT_FILTER = env_bool("IMAGEGEN_PRELOAD_PROMPT_FILTER", True)
 # A batch stage that no worker started this long after it was sent had its message lost: the
 # reaper sends it again (not an attempt). The bound grows by twice the stage's measured run time
 # for every batch queued ahead of it, so a stage that merely waits behind a backlog is left alone.

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import re
 import sys
@@ -497,6 +498,7 @@ def get_prompt_filter() -> PromptFilter:
             if _INSTANCE is None:
                 use_emb = os.environ.get(ENV_EMBEDDINGS, "1").strip().lower() not in ("0", "false", "no", "off")
                 _INSTANCE = PromptFilter.load(_configured_policy_path(), use_embeddings=use_emb)
+                logging.getLogger(__name__).info("prompt filter loaded in process %s", os.getpid())
     return _INSTANCE
 
 

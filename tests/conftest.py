@@ -82,11 +82,12 @@ def _database_url() -> str:
 
 
 class Worker:
-    def __init__(self, name: str, queues: str, env: dict, log_dir: Path, beat: bool = False):
+    def __init__(self, name: str, queues: str, env: dict, log_dir: Path, beat: bool = False, concurrency: int = 0):
         self.name = name
         self.log_path = log_dir / f"worker-{name}.log"
+        pool = ["--pool=prefork", "-c", str(concurrency)] if concurrency else ["--pool=solo"]
         cmd = [
-            sys.executable, "-m", "celery", "-A", "imagegen", "worker", "-Q", queues, "--pool=solo",
+            sys.executable, "-m", "celery", "-A", "imagegen", "worker", "-Q", queues, *pool,
             "-n", f"{name}@%h", "--loglevel=INFO", "--without-gossip", "--without-mingle",
         ]
         if beat:
@@ -126,8 +127,10 @@ def start_worker(worker_env):
     started: list[Worker] = []
     log_dir = Path(settings.VAR_DIR)
 
-    def start(name: str, queues: str, beat: bool = False, wait: bool = True, **env_overrides) -> Worker:
-        worker = Worker(name, queues, {**worker_env, **env_overrides}, log_dir, beat=beat)
+    def start(name: str, queues: str, beat: bool = False, wait: bool = True, concurrency: int = 0,
+              **env_overrides) -> Worker:
+        """A worker on ``queues``: the solo pool, or ``concurrency`` prefork processes."""
+        worker = Worker(name, queues, {**worker_env, **env_overrides}, log_dir, beat=beat, concurrency=concurrency)
         started.append(worker)
         if wait:
             worker.wait_ready()

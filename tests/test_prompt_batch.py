@@ -108,3 +108,27 @@ def test_with_a_batch_of_one_each_prompt_is_checked_alone(alice, redis_client, s
     mine, other = waiting_job(alice, PROMPTS[0][0]), waiting_job(alice, PROMPTS[1][0])
     gate_prompt(str(mine.id))
     assert counted_checks == {"check": 1, "many": 0} and not other.verdicts.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prefork_worker_loads_the_prompt_filter_once_before_its_pool_forks(alice, start_worker, settings):
+    """The pool processes of a worker on the prompt-check queue start with the filter loaded by
+    their parent: none of them loads it on its first check (each did: 11-17 s per process on
+    these cores, before the first prompt of a fresh `make run` got its verdict)."""
+    import re
+    import time
+
+    from jobs.pipeline import stages
+
+    queue = "cpu-preload"
+    settings.QUEUE_CPU = queue   # this test's checks go to this worker only
+    worker = start_worker("cpu-preload", queue, concurrency=2, IMAGEGEN_QUEUE_CPU=queue)
+    jobs = [waiting_job(alice, p, n) for p, n in PROMPTS[:4]]
+    for job in jobs:
+        stages.send("prompt", str(job.id))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(j.verdicts.filter(stage="prompt").exists() for j in jobs):
+        time.sleep(0.2)
+    assert all(j.verdicts.filter(stage="prompt").exists() for j in jobs)
+    loads = [int(pid) for pid in re.findall(r"prompt filter loaded in process (\d+)", worker.log_path.read_text())]
+    assert loads == [worker.proc.pid], loads
