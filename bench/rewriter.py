@@ -1,6 +1,6 @@
 """The prompt rewriter's benchmark (issue 30).
 
-    python bench/rewriter.py --rewriter models/rewriter-v1 --n 200
+    python bench/rewriter.py --rewriter models/rewriter-v2 --n 200 [--split heldout2]
 
 On --n held-out free-form single-shape prompts (training/rewriter_data.py's held-out split,
 written with templates the rewriter never saw; English and three other languages), the shipped
@@ -37,11 +37,11 @@ from training.rewriter_data import sample, samples  # noqa: E402
 HELDOUT_SEED = 20261202
 
 
-def scenes(n: int) -> list:
+def scenes(n: int, split: str = "heldout") -> list:
     """Held-out free-form single-shape prompts and their reference captions."""
     out, i = [], 0
     while len(out) < n:
-        s = sample("heldout", HELDOUT_SEED + 7, i)
+        s = sample(split, HELDOUT_SEED + 7, i)
         i += 1
         scene = parse_canonical(s.target)
         if s.lang in ("ood", "canonical") or scene is None or len(scene["kinds"]) != 1:
@@ -63,7 +63,10 @@ def timing(rw: Rewriter, prompts: list[str], batch: int, reps: int = 3) -> float
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rewriter", default="models/rewriter-v1")
+    p.add_argument("--rewriter", default="models/rewriter-v2")
+    p.add_argument("--split", default="heldout", choices=["heldout", "heldout2"],
+                   help="heldout: the split that guided rewriter-v2's training frames; heldout2: written before "
+                        "v2 was trained and never used to choose its data")
     p.add_argument("--model", default="models/shapes-v1")
     p.add_argument("--classifier", default="models/shapes-classifier-v1")
     p.add_argument("--n", type=int, default=200)
@@ -82,7 +85,7 @@ def main(argv=None) -> dict:
 
     diffusers_logging.set_verbosity_error()   # free-form prompts overflow CLIP's 24 tokens: a warning per batch
     rw = Rewriter(ROOT / args.rewriter)
-    items = scenes(args.n)
+    items = scenes(args.n, args.split)
     free = [s.source for s, _ in items]
     refs = [s.target for s, _ in items]
     rewritten = [r.prompt for r in rw.rewrite(free)]
@@ -112,7 +115,7 @@ def main(argv=None) -> dict:
     ms16 = timing(rw, free[:64], 16)
     res = {
         "command": "python bench/rewriter.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "rewriter": args.rewriter, "rewriter_version": rw.version, "image_model": args.model, "steps": args.steps,
+        "rewriter": args.rewriter, "split": args.split, "rewriter_version": rw.version, "image_model": args.model, "steps": args.steps,
         "n": len(items), "languages": sorted({s.lang for s, _ in items}),
         "exact_match": round(sum(a == b for a, b in zip(rewritten, refs, strict=True)) / len(items), 4),
         "canonical_prompts_unchanged": unchanged, "rows": rows,
@@ -123,7 +126,8 @@ def main(argv=None) -> dict:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "rewriter.json").write_text(json.dumps(res, indent=1))
+    name = "rewriter.json" if args.split == "heldout" else f"rewriter_{args.split}.json"
+    (out / name).write_text(json.dumps(res, indent=1))
     print(json.dumps({k: res[k] for k in ("exact_match", "canonical_prompts_unchanged", "rewritten_minus_reference_points",
                                           "goal_met", "ms_per_prompt", "share_of_image_time_batch_16")}))
     return res

@@ -126,6 +126,46 @@ ORDER_TRAIN = ["{size} {colour} {shape}", "{colour} {shape}", "{size} {shape} in
 ORDER_HELDOUT = ["{size} {shape}, {colour}", "{shape} of {colour} colour", "{colour}-coloured {size} {shape}",
                  "{shape} painted {colour}"]
 
+# Training frames composed of parts (rewriter-v2): a prefix, the shapes and the background in
+# either order, joined by a preposition and a background noun, then a suffix. They widen the word
+# orders the model sees (a background named first; a colour after its shape, past a separator)
+# without using the held-out split's templates or its words ("atop", "scene", "placed", "painted").
+PREFIXES = ["", "", "", "a picture of ", "draw ", "please draw ", "an image of ", "make ", "generate ",
+            "illustration of ", "a photo of ", "paint ", "create ", "a sketch of ", "i want ", "give me ",
+            "a drawing of ", "picture: ", "we need ", "could you draw ", "just ", "try "]
+SUFFIXES = ["", "", "", ", high quality", ", sharp", ", vector art", ", simple", " please", ", flat colours",
+            ", centred", ", clean lines", ", 2d", " in flat style", ", thanks", ", no text", "!"]
+PREPS = ["on", "against", "over", "upon", "across", "in front of", "before", "above", "onto", "set against",
+         "resting on", "lying on", "floating over", "drawn on", "standing on", "hovering over", "centred on"]
+BG_NOUNS = ["background", "background", "backdrop", "canvas", "wall", "floor", "table", "ground", "sheet",
+            "paper", "board", "page", "panel", "plane", "setting", "base", "frame"]
+LEAD_NOUNS = ["background", "backdrop", "canvas", "wallpaper", "poster", "image", "picture", "world", "room",
+              "page", "frame", "setting"]
+FRAMES_AFTER = ["{shapes} {prep} a {bg} {noun}", "{shapes} {prep} {bg}", "{shapes}, {bg} {noun}",
+                "{shapes} with a {bg} {noun}", "{shapes}; {noun}: {bg}", "{shapes} {prep} the {bgword}",
+                "{shapes} - {noun} {bg}", "{shapes}, and the {noun} is {bg}"]
+FRAMES_BEFORE = ["{bg} {lead} with {shapes}", "a {bg} {lead} showing {shapes}", "{bg} {lead}, {shapes}",
+                 "{bg} {lead}: {shapes}", "with a {bg} {noun}: {shapes}", "against a {bg} {noun}, {shapes}",
+                 "over a {bg} {noun} - {shapes}", "a {bg} {lead} and {shapes} on it", "{bg} {lead}; {shapes} in front",
+                 "a {bg} {lead} containing {shapes}", "{noun} {bg}, {shapes}", "the {bgword}, and {shapes}"]
+ORDER_TRAIN += ["{shape} - {colour}", "{shape}; {colour}", "{shape} in {colour}", "{shape} of a {colour} hue",
+                "{colour} hued {shape}", "{shape} which is {colour}", "{shape} dyed {colour}",
+                "{shape} filled with {colour}", "{size} {shape} - {colour}", "{shape} in the colour {colour}",
+                "{colour} toned {size} {shape}", "{shape}: {colour}"]
+JOIN_TRAIN = [" and ", " next to ", " beside ", ", ", " alongside ", " and also ", " as well as ", " & ",
+              " near ", " and then "]
+JOIN_HELDOUT = [" plus ", " together with "]
+
+# A second held-out split (heldout2), written once before rewriter-v2 was trained and never used to
+# choose its training frames: other templates, orders, joiners and prefixes again.
+HELDOUT2_TEMPLATES = ["picture {shapes}, with {bg} all around", "{shapes} positioned over a {bg} plain",
+                      "my idea: {shapes} and behind it {bg}", "{shapes} drawn against {bg} colour",
+                      "could i get {shapes} over a {bg} base", "{bg} surroundings, {shapes}",
+                      "{shapes} in the middle of a {bg} expanse", "i need {shapes} upon a {bg} layer"]
+ORDER_HELDOUT2 = ["{shape} done in {colour}", "{colour}-ish {size} {shape}", "{shape} whose colour is {colour}",
+                  "{size} {colour} {shape}"]
+JOIN_HELDOUT2 = [" accompanied by ", " along with "]
+
 
 @dataclass(frozen=True)
 class Shape:
@@ -180,8 +220,8 @@ def _colour_phrase(rng, colour: str) -> str:
     return _pick(rng, COLOUR_WORDS[colour])
 
 
-def _english(rng, shapes: list[Shape], bg: str | None, heldout: bool) -> str:
-    orders = ORDER_HELDOUT if heldout else ORDER_TRAIN
+def _english(rng, shapes: list[Shape], bg: str | None, split: str) -> str:
+    orders = {"train": ORDER_TRAIN, "heldout": ORDER_HELDOUT, "heldout2": ORDER_HELDOUT2}[split]
     rendered = []
     for s in shapes:
         shape = _pick(rng, SHAPE_WORDS[s.kind])
@@ -198,14 +238,19 @@ def _english(rng, shapes: list[Shape], bg: str | None, heldout: bool) -> str:
             phrase = order.format(size=_pick(rng, SIZE_WORDS[s.size]) if s.size else "", colour=colour, shape=shape)
         art = "an" if phrase[0] in "aeiou" else "a"
         rendered.append(f"{art} {phrase}")
-    joiner = _pick(rng, [" and ", " next to ", " beside ", ", "]) if not heldout else _pick(rng, [" plus ", " together with "])
+    joiner = _pick(rng, {"train": JOIN_TRAIN, "heldout": JOIN_HELDOUT, "heldout2": JOIN_HELDOUT2}[split])
     shapes_text = joiner.join(rendered)
-    templates = HELDOUT_TEMPLATES if heldout else TRAIN_TEMPLATES
     if bg is None:
-        return shapes_text if rng.random() < 0.5 else _pick(rng, ["draw ", "a picture of ", "show me "]) + shapes_text
-    t = _pick(rng, [t for t in templates if "{shapes}" in t])
+        lead = ["draw ", "a picture of ", "show me "] if split != "heldout2" else ["picture ", "i need "]
+        return shapes_text if rng.random() < 0.5 else _pick(rng, lead) + shapes_text
+    if split == "train" and rng.random() < 0.6:
+        t = _pick(rng, PREFIXES) + _pick(rng, FRAMES_BEFORE if rng.random() < 0.4 else FRAMES_AFTER) + _pick(rng, SUFFIXES)
+    else:
+        templates = {"train": TRAIN_TEMPLATES, "heldout": HELDOUT_TEMPLATES, "heldout2": HELDOUT2_TEMPLATES}[split]
+        t = _pick(rng, templates)
     bgword = _pick(rng, BACKGROUND_WORDS.get(bg, [bg])) if "{bgword}" in t else ""
-    return t.format(shapes=shapes_text, bg=_pick(rng, COLOUR_WORDS[bg]), bgword=bgword)
+    return t.format(shapes=shapes_text, bg=_pick(rng, COLOUR_WORDS[bg]), bgword=bgword, prep=_pick(rng, PREPS),
+                    noun=_pick(rng, BG_NOUNS), lead=_pick(rng, LEAD_NOUNS))
 
 
 def _foreign(rng, lang: str, shapes: list[Shape], bg: str | None, heldout: bool) -> str:
@@ -235,9 +280,9 @@ def _foreign(rng, lang: str, shapes: list[Shape], bg: str | None, heldout: bool)
 
 
 def sample(split: str, seed: int, index: int) -> Sample:
-    """Sample ``index`` of ``split`` ("train" or "heldout")."""
-    heldout = split == "heldout"
-    rng = np.random.default_rng([seed, index, 1 if heldout else 0])
+    """Sample ``index`` of ``split`` ("train", "heldout" or "heldout2")."""
+    heldout = split != "train"
+    rng = np.random.default_rng([seed, index, {"train": 0, "heldout": 1, "heldout2": 2}[split]])
     u = rng.random()
     if u < 0.12:
         text = _pick(rng, OUT_OF_DOMAIN)
@@ -262,7 +307,7 @@ def sample(split: str, seed: int, index: int) -> Sample:
                 return Sample(target, target, "canonical")
             target = canonical(shapes, bg)
         return Sample(_foreign(rng, lang, shapes, bg, heldout), target, lang)
-    return Sample(_english(rng, shapes, bg, heldout), target, "en")
+    return Sample(_english(rng, shapes, bg, split), target, "en")
 
 
 def samples(split: str, seed: int, n: int) -> list[Sample]:

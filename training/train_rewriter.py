@@ -88,9 +88,17 @@ def content_ids(tok) -> set[int]:
     return {i for w in words for i in tok(w, add_special_tokens=False)["input_ids"] if i != tok.unk_token_id}
 
 
-def mask_filler(src: list[int], keep: set[int], unk: int, rng, p: float) -> list[int]:
-    """Replace filler tokens by [UNK] with probability p (the [EOS] stays)."""
-    return [t if t in keep or i == len(src) - 1 or rng.random() >= p else unk for i, t in enumerate(src)]
+def mask_filler(src: list[int], keep: set[int], unk: int, rng, p: float, insert: float = 0.0) -> list[int]:
+    """Replace filler tokens by [UNK] with probability p, and put an [UNK] before a token with
+    probability ``insert`` (words the vocabulary never held turn up anywhere in a prompt); the
+    [EOS] stays last."""
+    out: list[int] = []
+    for i, t in enumerate(src):
+        last = i == len(src) - 1
+        if insert and not last and rng.random() < insert:
+            out.append(unk)
+        out.append(t if t in keep or last or rng.random() >= p else unk)
+    return out
 
 
 def batch_of(src, tgt, idx, pad: int):
@@ -154,6 +162,8 @@ def main(argv=None):
     p.add_argument("--dropout", type=float, default=0.0)
     p.add_argument("--unk-filler", type=float, default=0.15,
                    help="probability that a filler word of a training prompt is replaced by [UNK]")
+    p.add_argument("--unk-insert", type=float, default=0.0,
+                   help="probability that an [UNK] is put before a word of a training prompt")
     p.add_argument("--ckpt-every", type=int, default=500)
     p.add_argument("--eval-every", type=int, default=500)
     args = p.parse_args(argv)
@@ -174,6 +184,7 @@ def _run(args) -> None:
     state_path = Path(args.state) if args.state else out.with_name(out.name + ".state.pt")
     train = samples("train", 1234 + args.seed, args.pool)
     heldout = samples("heldout", 20261202, args.heldout)
+    heldout2 = samples("heldout2", 20261203, args.heldout // 2)
     tok = build_tokenizer([s.source for s in train] + [s.target for s in train])
     tok.padding_side = "left"
     log(f"{len(train)} training pairs, {len(heldout)} held out; vocabulary {len(tok)} words")
@@ -202,9 +213,10 @@ def _run(args) -> None:
     model.train()
     t0 = time.time()
     figures: dict = {}
+    figures2: dict = {}
     for step in range(start, args.steps):
         idx = rng.integers(len(train), size=args.batch)
-        noisy = {int(i): mask_filler(src[i], keep, tok.unk_token_id, rng, args.unk_filler) for i in idx}
+        noisy = {int(i): mask_filler(src[i], keep, tok.unk_token_id, rng, args.unk_filler, args.unk_insert) for i in idx}
         x, mask, y = batch_of(noisy, tgt, [int(i) for i in idx], pad)
         loss = model(input_ids=x, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), labels=y).loss
         opt.zero_grad(set_to_none=True)
@@ -218,9 +230,10 @@ def _run(args) -> None:
         last = done == args.steps or STOP["requested"]
         if done % args.eval_every == 0 or last:
             figures = evaluate(model, tok, heldout)
-            log(f"held-out exact match at step {done}: {figures}")
+            figures2 = evaluate(model, tok, heldout2)
+            log(f"held-out exact match at step {done}: {figures}; second held-out split: {figures2}")
         if done % args.ckpt_every == 0 or last:
-            meta = dict(vars(args), step=done, heldout_exact_match=figures, wall_s=round(time.time() - t_start, 1),
+            meta = dict(vars(args), step=done, heldout_exact_match=figures, heldout2_exact_match=figures2, wall_s=round(time.time() - t_start, 1),
                         s_per_step=round((time.time() - t0) / (done - start), 3), train_seed=1234 + args.seed,
                         heldout_seed=20261202)
             save(out, model, tok, meta)
