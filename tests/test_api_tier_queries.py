@@ -26,6 +26,8 @@ POLL_BUDGET = 2
 # check's rate (a decision, before the insert); every counter and refresh marker in one
 # pipeline at the end. Before: 9 with a fresh summary entry, 20 when the submit recomputed it.
 SUBMIT_REDIS_BUDGET = 3
+# A poll of a queued job: its position and its bucket's summary entry in one pipeline (3 before).
+POLL_QUEUED_REDIS_BUDGET = 1
 
 
 @pytest.fixture
@@ -125,6 +127,33 @@ def test_a_poll_of_a_finished_job_makes_no_redis_round_trip(alice, alice_api, re
     answer = alice_api.get(f"/api/v1/jobs/{job.id}")
     redis_round_trips["on"] = False
     assert answer.status_code == 200 and redis_round_trips["n"] == 0, redis_round_trips["what"]
+
+
+def test_a_poll_of_a_queued_job_makes_one_redis_round_trip_whatever_the_backlog(
+        alice, alice_api, redis_client, redis_round_trips, settings):
+    """Its position (the jobs ahead in every shape's buckets) and its estimate (the bucket's
+    summary entry) ride in one pipeline: before, three round trips (the shapes, their counts,
+    the entry)."""
+    from django.utils import timezone
+
+    from jobs.actions import shape_of
+    from scheduling import heartbeats, scheduler
+
+    lane = settings.IMAGEGEN_MODEL_NAME
+    redis_client.zadd(heartbeats.workers_key(lane), {"gpu-a": time.time() + 600})
+    job = make_job(alice, status="queued", scheduled_at=timezone.now())
+    for i in range(30):   # others queued ahead, in this shape and in another
+        scheduler.enqueue(lane, shape_of(job), f"ahead-{i}", 1, time.time() - 60, owner="u")
+        scheduler.enqueue(lane, shape_of(job).replace("|64x64|", "|64x128|"), f"other-{i}", 1, time.time() - 60, owner="u")
+    scheduler.enqueue(lane, shape_of(job), str(job.id), 1, job.scheduled_at.timestamp(), owner=str(alice.id))
+    first = alice_api.get(f"/api/v1/jobs/{job.id}")
+    assert first.status_code == 200 and first.json()["queue_position"] >= 30, first.json()
+    redis_round_trips.update(on=True, n=0, what=[])
+    answer = alice_api.get(f"/api/v1/jobs/{job.id}")
+    redis_round_trips["on"] = False
+    assert answer.status_code == 200 and answer.json()["queue_position"] == first.json()["queue_position"]
+    print("poll", redis_round_trips["n"], *redis_round_trips["what"], sep="\n  ")
+    assert redis_round_trips["n"] <= POLL_QUEUED_REDIS_BUDGET, redis_round_trips["what"]
 
 
 def test_the_precompiled_limit_counts_answer_what_the_orm_statement_answers(alice, bob):

@@ -49,7 +49,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 from django.db import close_old_connections
 
-from imagegen.redis_client import PREFIX, get_redis, read_ahead, reads, write
+from imagegen.redis_client import PREFIX, batched, get_redis, keep_reads, pipeline_with_reads, read_ahead, reads, write
 from jobs.admission import replay as admission
 from scheduling import catalogue, scheduler
 from scheduling import costs as cost_model
@@ -302,18 +302,30 @@ def interpolate(samples: list[list], index: int) -> float | None:
     return e0 + (e1 - e0) * (index - p0) / (p1 - p0)
 
 
+# The jobs queued before a bound, per shape of a model (both tiers' buckets): one call, so a
+# poll's position and its summary entry ride in one pipeline.
+_AHEAD_LUA = """
+local out = {}
+for _, s in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  out[#out + 1] = s
+  out[#out + 1] = redis.call('ZCOUNT', ARGV[1] .. 'q:' .. s, '-inf', ARGV[2])
+                + redis.call('ZCOUNT', ARGV[1] .. 'qb:' .. s, '-inf', ARGV[2])
+end
+return out
+"""
+_ahead_script = None
+
+
 def _ahead(model: str, shape: str, enqueued_at: float) -> tuple[int, int]:
     """(jobs queued ahead in every bucket, jobs ahead in the job's own bucket): exact, one ZCOUNT
-    per shape."""
-    r = get_redis()
-    shapes = sorted(r.smembers(f"{PREFIX}shapes:{model}"))
-    pipe = r.pipeline(transaction=False)
-    bound = f"({enqueued_at!r}"
-    for s in shapes:
-        pipe.zcount(f"{PREFIX}q:{s}", "-inf", bound)
-        pipe.zcount(f"{PREFIX}qb:{s}", "-inf", bound)
-    replies = pipe.execute()
-    counts = {s: replies[2 * i] + replies[2 * i + 1] for i, s in enumerate(shapes)}
+    per shape, all in one script sent with the reads queued ahead in this block."""
+    global _ahead_script
+    if _ahead_script is None:
+        _ahead_script = get_redis().register_script(_AHEAD_LUA)
+    pipe, n = pipeline_with_reads()
+    _ahead_script(keys=[f"{PREFIX}shapes:{model}"], args=[PREFIX, f"({enqueued_at!r}"], client=pipe)
+    flat = keep_reads(pipe.execute(), n)[0]
+    counts = {flat[i]: int(flat[i + 1]) for i in range(0, len(flat), 2)}
     return sum(counts.values()), counts.get(shape, 0)
 
 
@@ -322,8 +334,11 @@ def queued_job_estimate(shape: str, images: int, enqueued_at: float, model_name:
     """admission.estimate(shape, images, enqueued_at, job_id=...) for a job queued in the
     scheduler since `enqueued_at`, from the summary (exact for a job the summary replayed)."""
     model = model_name or lane_of_shape(shape)
-    position, in_bucket = _ahead(model, shape, enqueued_at)
-    e = entry(model, f"bucket|{shape}", lambda: _compute_bucket(shape, model))
+    field = f"bucket|{shape}"
+    with batched():   # the entry's reads ride in the position's pipeline: one round trip
+        read_ahead(*_reads(model, field, None))
+        position, in_bucket = _ahead(model, shape, enqueued_at)
+        e = entry(model, field, lambda: _compute_bucket(shape, model))
     if e["gpus"] == 0:
         return admission.Estimate(None, position, 0.0, 0, 0)
     if job_id is not None and job_id in e.get("ends", {}):
