@@ -18,9 +18,10 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     var = Path(tempfile.mkdtemp(prefix="imagegen-test-"))
     os.environ["IMAGEGEN_VAR_DIR"] = str(var)
     if os.environ.get("REDIS_URL"):
-        # A shared server: use a database of its own, emptied at the start.
+        # A shared server: use a database of its own, emptied at the start (9, or
+        # IMAGEGEN_TEST_REDIS_DB: two runs on one server at once each need their own).
         base = os.environ["REDIS_URL"].rsplit("/", 1)[0] if os.environ["REDIS_URL"].count("/") >= 3 else os.environ["REDIS_URL"]
-        os.environ["REDIS_URL"] = f"{base}/9"
+        os.environ["REDIS_URL"] = f"{base}/{os.environ.get('IMAGEGEN_TEST_REDIS_DB', '9')}"
     else:
         sys.path.insert(0, str(_ROOT))
         from scripts.private_redis import start
