@@ -152,6 +152,7 @@ ORDER_TRAIN += ["{shape} - {colour}", "{shape}; {colour}", "{shape} in {colour}"
                 "{colour} hued {shape}", "{shape} which is {colour}", "{shape} dyed {colour}",
                 "{shape} filled with {colour}", "{size} {shape} - {colour}", "{shape} in the colour {colour}",
                 "{colour} toned {size} {shape}", "{shape}: {colour}"]
+_BG_WORDS_ALL = [w for ws in BACKGROUND_WORDS.values() for w in ws if " " not in w]
 JOIN_TRAIN = [" and ", " next to ", " beside ", ", ", " alongside ", " and also ", " as well as ", " & ",
               " near ", " and then "]
 JOIN_HELDOUT = [" plus ", " together with "]
@@ -249,8 +250,11 @@ def _english(rng, shapes: list[Shape], bg: str | None, split: str) -> str:
         templates = {"train": TRAIN_TEMPLATES, "heldout": HELDOUT_TEMPLATES, "heldout2": HELDOUT2_TEMPLATES}[split]
         t = _pick(rng, templates)
     bgword = _pick(rng, BACKGROUND_WORDS.get(bg, [bg])) if "{bgword}" in t else ""
+    # A colour named before a noun decides the background even where the noun alone names
+    # another colour ("a red meadow" is red; "the meadow" alone is green).
+    noun = _pick(rng, BG_NOUNS) if rng.random() < 0.8 else _pick(rng, _BG_WORDS_ALL)
     return t.format(shapes=shapes_text, bg=_pick(rng, COLOUR_WORDS[bg]), bgword=bgword, prep=_pick(rng, PREPS),
-                    noun=_pick(rng, BG_NOUNS), lead=_pick(rng, LEAD_NOUNS))
+                    noun=noun, lead=_pick(rng, LEAD_NOUNS))
 
 
 def _foreign(rng, lang: str, shapes: list[Shape], bg: str | None, heldout: bool) -> str:

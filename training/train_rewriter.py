@@ -88,16 +88,23 @@ def content_ids(tok) -> set[int]:
     return {i for w in words for i in tok(w, add_special_tokens=False)["input_ids"] if i != tok.unk_token_id}
 
 
-def mask_filler(src: list[int], keep: set[int], unk: int, rng, p: float, insert: float = 0.0) -> list[int]:
-    """Replace filler tokens by [UNK] with probability p, and put an [UNK] before a token with
-    probability ``insert`` (words the vocabulary never held turn up anywhere in a prompt); the
-    [EOS] stays last."""
+def mask_filler(src: list[int], keep: set[int], unk: int, rng, p: float, insert: float = 0.0,
+                drop: float = 0.0) -> list[int]:
+    """Replace filler tokens by [UNK] with probability p, drop one with probability ``drop``
+    (people leave out words: "a square in ivory" is also "a square, ivory"), and put an [UNK]
+    before a token with probability ``insert`` (words the vocabulary never held turn up anywhere
+    in a prompt); the [EOS] stays last."""
     out: list[int] = []
     for i, t in enumerate(src):
         last = i == len(src) - 1
         if insert and not last and rng.random() < insert:
             out.append(unk)
-        out.append(t if t in keep or last or rng.random() >= p else unk)
+        if last or t in keep:
+            out.append(t)
+        elif drop and rng.random() < drop:
+            continue
+        else:
+            out.append(t if rng.random() >= p else unk)
     return out
 
 
@@ -164,6 +171,8 @@ def main(argv=None):
                    help="probability that a filler word of a training prompt is replaced by [UNK]")
     p.add_argument("--unk-insert", type=float, default=0.0,
                    help="probability that an [UNK] is put before a word of a training prompt")
+    p.add_argument("--drop-filler", type=float, default=0.0,
+                   help="probability that a filler word of a training prompt is left out")
     p.add_argument("--ckpt-every", type=int, default=500)
     p.add_argument("--eval-every", type=int, default=500)
     args = p.parse_args(argv)
@@ -216,7 +225,8 @@ def _run(args) -> None:
     figures2: dict = {}
     for step in range(start, args.steps):
         idx = rng.integers(len(train), size=args.batch)
-        noisy = {int(i): mask_filler(src[i], keep, tok.unk_token_id, rng, args.unk_filler, args.unk_insert) for i in idx}
+        noisy = {int(i): mask_filler(src[i], keep, tok.unk_token_id, rng, args.unk_filler, args.unk_insert,
+                                     args.drop_filler) for i in idx}
         x, mask, y = batch_of(noisy, tgt, [int(i) for i in idx], pad)
         loss = model(input_ids=x, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0), labels=y).loss
         opt.zero_grad(set_to_none=True)
