@@ -1,4 +1,4 @@
-"""The prompt rewriter (issue 30), the model itself: the shipped models/rewriter-v1 loaded from
+"""The prompt rewriter (issue 30), the model itself: the shipped models/rewriter-v2 loaded from
 disk through transformers, its serving guarantees, and its training data. No database."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpu_tasks.rewriter import KEEP, Rewriter, model_version, parse_canonical
 from training import rewriter_data
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "models" / "rewriter-v1"
+SHIPPED = ROOT / "models" / "rewriter-v2"
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,10 @@ def test_the_version_is_the_hash_of_the_model_files(tmp_path):
 def test_the_held_out_split_is_written_with_templates_the_training_split_never_uses():
     assert not set(rewriter_data.TRAIN_TEMPLATES) & set(rewriter_data.HELDOUT_TEMPLATES)
     assert not set(rewriter_data.ORDER_TRAIN) & set(rewriter_data.ORDER_HELDOUT)
-    for split in ("train", "heldout"):
+    assert not set(rewriter_data.TRAIN_TEMPLATES) & set(rewriter_data.HELDOUT2_TEMPLATES)
+    assert not set(rewriter_data.ORDER_TRAIN) & set(rewriter_data.ORDER_HELDOUT2)
+    assert not set(rewriter_data.JOIN_TRAIN) & (set(rewriter_data.JOIN_HELDOUT) | set(rewriter_data.JOIN_HELDOUT2))
+    for split in ("train", "heldout", "heldout2"):
         for s in rewriter_data.samples(split, 3, 500):
             assert s.target == KEEP or parse_canonical(s.target), s
 

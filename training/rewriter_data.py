@@ -151,7 +151,10 @@ FRAMES_BEFORE = ["{bg} {lead} with {shapes}", "a {bg} {lead} showing {shapes}", 
 ORDER_TRAIN += ["{shape} - {colour}", "{shape}; {colour}", "{shape} in {colour}", "{shape} of a {colour} hue",
                 "{colour} hued {shape}", "{shape} which is {colour}", "{shape} dyed {colour}",
                 "{shape} filled with {colour}", "{size} {shape} - {colour}", "{shape} in the colour {colour}",
-                "{colour} toned {size} {shape}", "{shape}: {colour}"]
+                "{colour} toned {size} {shape}", "{shape}: {colour}",
+                # a colour past a comma that still belongs to its shape
+                "{shape}, in {colour}", "{shape}, coloured {colour}", "{shape}, that is {colour}",
+                "{size} {shape}, in {colour}"]
 _BG_WORDS_ALL = [w for ws in BACKGROUND_WORDS.values() for w in ws if " " not in w]
 JOIN_TRAIN = [" and ", " next to ", " beside ", ", ", " alongside ", " and also ", " as well as ", " & ",
               " near ", " and then "]
@@ -164,7 +167,7 @@ HELDOUT2_TEMPLATES = ["picture {shapes}, with {bg} all around", "{shapes} positi
                       "could i get {shapes} over a {bg} base", "{bg} surroundings, {shapes}",
                       "{shapes} in the middle of a {bg} expanse", "i need {shapes} upon a {bg} layer"]
 ORDER_HELDOUT2 = ["{shape} done in {colour}", "{colour}-ish {size} {shape}", "{shape} whose colour is {colour}",
-                  "{size} {colour} {shape}"]
+                  "{size} {shape} tinted {colour}"]
 JOIN_HELDOUT2 = [" accompanied by ", " along with "]
 
 
