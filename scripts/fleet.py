@@ -25,6 +25,7 @@ tests/test_fleet.py and bench/fleet.py.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -96,6 +97,33 @@ def can_run(broker: str = "redis") -> str | None:
     if broker == "rabbitmq" and not RABBITMQ_SERVER.exists():
         return "rabbitmq-server is missing (apt-get install -y rabbitmq-server)"
     return None
+
+
+# One fleet per machine: every fleet has the same namespace names, bridge and addresses, and
+# up() removes what it finds of them (a killed run's leftovers). A second fleet (another test run,
+# a benchmark) waits for the first to be torn down instead of tearing it down.
+LOCK_FILE = Path("/run/lock/imagegen-fleet.lock") if Path("/run/lock").is_dir() else Path("/tmp/imagegen-fleet.lock")
+
+
+def hold_machine(wait: float) -> int | None:
+    """The machine's fleet lock (a file descriptor; the kernel lets go when the process dies),
+    waiting at most `wait` seconds; None when another fleet holds it still."""
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            if not said:
+                print(f"fleet: another fleet runs on this machine ({LOCK_FILE}); waiting up to {wait:.0f}s", file=sys.stderr)
+                said = True
+            time.sleep(1.0)
 
 
 def pg_bin() -> Path | None:
@@ -196,6 +224,7 @@ class Fleet:
         self.extra_env = dict(env or {})
         self.ca_file = self.root / "lb-cert.pem"
         self.started_at = time.time()
+        self.lock_fd: int | None = None
         from imagegen.signing_credentials import issue_chain
 
         (self.root / "c2pa").mkdir()
@@ -267,6 +296,9 @@ class Fleet:
         why = can_run(self.broker)
         if why:
             raise RuntimeError(why)
+        self.lock_fd = hold_machine(float(os.environ.get("IMAGEGEN_FLEET_LOCK_WAIT", "900")))
+        if self.lock_fd is None:
+            raise RuntimeError(f"another fleet still runs on this machine ({LOCK_FILE})")
         leftovers = down()
         if leftovers:
             print(f"fleet: removed leftovers {leftovers}", file=sys.stderr)
@@ -693,7 +725,10 @@ backend media
                     proc.kill()
             host.procs.clear()
         self.hosts.clear()
-        down()
+        if self.lock_fd is not None:  # never another fleet's namespaces
+            down()
+            os.close(self.lock_fd)
+            self.lock_fd = None
         if self.keep:
             print(f"fleet: logs kept in {self.root}", file=sys.stderr)
         else:
@@ -703,7 +738,12 @@ backend media
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "up"
     if command == "down":
+        fd = hold_machine(0)
+        if fd is None:
+            print(f"a fleet is running ({LOCK_FILE}); stop it first", file=sys.stderr)
+            return 1
         print("removed:", " ".join(down()) or "nothing")
+        os.close(fd)
         return 0
     if command == "up":
         import argparse

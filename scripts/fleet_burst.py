@@ -57,7 +57,7 @@ class Burst:
     ws_share: float = 0.3
     deadline: float = 240.0
     faults: bool = True
-    # Which of the faults (FAULTS' names) to run; None: all of them.
+    # Which faults of the schedule to run, by name ("kill gpu1", "restart redis", ...); None: all.
     fault_names: tuple[str, ...] | None = None
     add_gpu: bool = True
     log: list[str] = field(default_factory=list)
