@@ -27,7 +27,8 @@ from scripts.fleet_burst import BURST_ENV, Burst, burst  # noqa: E402
 
 KEEP = ("submitted", "statuses", "wall_s", "jobs_per_s", "submit_to_done_p50_s", "submit_to_done_p95_s", "gpu_duty_cycle",
         "images_lost", "duplicate_images", "held_or_blocked_public", "not_terminal", "over_attempts", "watchers",
-        "watchers_terminal_not_once", "faults", "submit_errors", "done_by_host")
+        "watchers_terminal_not_once", "faults", "submit_errors", "done_by_host", "process_restarts",
+        "process_restart_log")
 
 
 def one(faults: bool, args) -> dict:

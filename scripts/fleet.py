@@ -35,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +226,13 @@ class Fleet:
         self.ca_file = self.root / "lb-cert.pem"
         self.started_at = time.time()
         self.lock_fd: int | None = None
+        # The platform's process manager (Kubernetes' restartPolicy, a Procfile runner): a
+        # Procfile process that exits on its own is started again, and counted here.
+        self.restarts: dict[str, int] = {}
+        self.restart_log: list[str] = []
+        self.procs_lock = threading.RLock()
+        self._supervising = threading.Event()
+        self._supervisor: threading.Thread | None = None
         from imagegen.signing_credentials import issue_chain
 
         (self.root / "c2pa").mkdir()
@@ -315,7 +323,27 @@ class Fleet:
             if name not in ("services", "lb"):
                 self.start_processes(name)
         self.wait_ready(deadline)
+        self._supervisor = threading.Thread(target=self._supervise, name="fleet-supervisor", daemon=True)
+        self._supervising.set()
+        self._supervisor.start()
         return self
+
+    def _supervise(self, every: float = 1.0) -> None:
+        while self._supervising.is_set():
+            with self.procs_lock:
+                for host in list(self.hosts.values()):
+                    if host.name in ("services", "lb"):
+                        continue
+                    for kind, proc in list(host.procs.items()):
+                        if proc.poll() is None or kind not in self.lines:
+                            continue
+                        key = f"{host.name}/{kind}"
+                        self.restarts[key] = self.restarts.get(key, 0) + 1
+                        tail = host.log_tail(kind, 600).strip().splitlines()
+                        self.restart_log.append(f"{key} exited ({proc.returncode}): {tail[-1][:400] if tail else ''}")
+                        print(f"fleet: {key} exited ({proc.returncode}); starting it again", file=sys.stderr)
+                        self.spawn(host.name, kind, self.lines[kind])
+            time.sleep(every)
 
     def _make_host(self, name: str) -> Host:
         octet, _ = LAYOUT[name]
@@ -647,13 +675,14 @@ backend media
     def kill_host(self, name: str) -> int:
         """SIGKILL every process on the host, as a lost machine; returns how many."""
         host = self.hosts[name]
-        killed = kill_namespace(host.ns)
-        for proc in host.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        host.procs.clear()
+        with self.procs_lock:  # a killed host stays down: the supervisor restarts only what exited on its own
+            killed = kill_namespace(host.ns)
+            for proc in host.procs.values():
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            host.procs.clear()
         return killed
 
     def restart_host(self, name: str) -> None:
@@ -713,6 +742,10 @@ backend media
     # --- teardown ---
 
     def close(self) -> None:
+        self._supervising.clear()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10)
+            self._supervisor = None
         for host in self.hosts.values():
             try:
                 kill_namespace(host.ns)

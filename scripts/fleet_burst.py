@@ -505,6 +505,8 @@ class Run:
             "submit_to_done_p50_s": pct(0.50), "submit_to_done_p95_s": pct(0.95),
             "gpu_duty_cycle": {w: round(t / max(1e-9, wall), 3) for w, t in sorted(busy.items())},
             "faults": self.faults,
+            # Procfile processes that exited on their own (and were started again, as a platform does).
+            "process_restarts": dict(self.fleet.restarts), "process_restart_log": list(self.fleet.restart_log),
             "done_by_host": dict(sorted(done_by_host.items())),
             "mean_latency_s": round(statistics.fmean(latencies), 2) if latencies else None,
         }

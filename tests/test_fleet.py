@@ -80,6 +80,13 @@ def test_the_faults_all_happened(fleet_run):
         assert any(w.startswith("gpu3:") for w in report["gpu_duty_cycle"]), "the added GPU host took no work"
 
 
+def test_no_process_exited_on_its_own(fleet_run):
+    """The fleet starts a Procfile process again when it exits by itself (as a platform would);
+    none needed to here: every process lost was killed by the burst."""
+    _, _, report = fleet_run
+    assert report["process_restarts"] == {}, report["process_restart_log"]
+
+
 def test_the_shipped_model_host_and_the_simulated_hosts_both_generated_done_images(fleet_run):
     """gpu2 runs the real pipeline (models/shapes-v1 on CPU); the job's image rows name the
     worker whose pass made them."""
