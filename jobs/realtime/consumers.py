@@ -47,6 +47,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         self.subscription = None
         self.forwarder = None
         self.slot = None
+        self.closed = False
         self.order = EventOrder()
         user = self.scope.get("user")
         job = await owned_job(user, self.job_id)
@@ -86,19 +87,28 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         await self.close(code=code)
 
     async def _forward(self):
-        while not self.order.finished:
+        # Its own references: disconnect() drops the consumer's as it closes them.
+        subscription, slot = self.subscription, self.slot
+        while not self.order.finished and not self.closed:
             try:
-                event = await asyncio.wait_for(self.subscription.queue.get(), settings.IMAGEGEN_WATCH_REREAD_SECONDS)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that
+                # lands as the queue hands over an event, and the forwarder ran on past disconnect().
+                async with asyncio.timeout(settings.IMAGEGEN_WATCH_REREAD_SECONDS):
+                    event = await subscription.queue.get()
             except TimeoutError:
-                await self.slot.refresh()
+                await slot.refresh()
                 continue
             await self._send(event)
-            await self.slot.refresh()
+            await slot.refresh()
 
     async def disconnect(self, code):
-        if self.forwarder is not None:
-            self.forwarder.cancel()
-            self.forwarder = None
+        self.closed = True
+        forwarder, self.forwarder = self.forwarder, None
+        if forwarder is not None:
+            forwarder.cancel()
+            # Stopped before its subscription and slot go (bounded: a Redis call it is in
+            # gives up within its own deadline).
+            await asyncio.wait({forwarder}, timeout=streams.REDIS_DEADLINE + 1)
         if self.subscription is not None:
             await self.subscription.close()
             self.subscription = None
