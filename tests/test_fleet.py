@@ -21,6 +21,8 @@ it is skipped with the reason."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from scripts.fleet import PREFIX, REAL_MODEL_HOST, can_run, run
@@ -34,7 +36,14 @@ BURSTS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(BURSTS))
+# Which fleets this run builds (IMAGEGEN_TEST_FLEETS, default both). A fleet uses neither the
+# run's database nor its Redis, so CI's two passes of the suite build one each (.ci/run).
+FLEETS = [b.strip() for b in os.environ.get("IMAGEGEN_TEST_FLEETS", ",".join(BURSTS)).split(",") if b.strip()]
+if unknown := set(FLEETS) - set(BURSTS):
+    raise ValueError(f"IMAGEGEN_TEST_FLEETS names no fleet: {sorted(unknown)} (known: {sorted(BURSTS)})")
+
+
+@pytest.fixture(scope="module", params=FLEETS)
 def fleet_run(request):
     from scripts.fleet import Fleet
     from scripts.fleet_burst import BURST_ENV, Burst, burst
