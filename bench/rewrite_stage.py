@@ -45,7 +45,7 @@ def main(argv=None) -> dict:
 
     stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_IMAGE_CLASSIFIER="python:tests.fake_classifiers:Scripted",
                   IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain", IMAGEGEN_FILL_WAIT="0",
-                  IMAGEGEN_REWRITER_PATH=str(ROOT / "models" / "rewriter-v1"), IMAGEGEN_REWRITE_DEFAULT="off")
+                  IMAGEGEN_REWRITER_PATH=str(ROOT / "models" / "rewriter-v2"), IMAGEGEN_REWRITE_DEFAULT="off")
     stack.apply_to_this_process()
     import django
 

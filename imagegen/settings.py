@@ -217,7 +217,7 @@ IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
 # The prompt rewriter (a stage of its own, `rewrite`, between the prompt check and generation;
 # docs/rewriter.md): a small language model that turns free-form descriptions into the served
 # model's caption grammar. Default: the shipped rewriter when the shipped model is served.
-_shipped_rewriter = BASE_DIR / "models" / "rewriter-v1"
+_shipped_rewriter = BASE_DIR / "models" / "rewriter-v2"
 IMAGEGEN_REWRITER_PATH = env_str(
     "IMAGEGEN_REWRITER_PATH",
     str(_shipped_rewriter) if IMAGEGEN_MODEL_PATH == _shipped_model and (_shipped_rewriter / "config.json").exists() else "",

@@ -47,7 +47,7 @@ if "IMAGEGEN_TEST_PREPARED" not in os.environ:
     os.environ.setdefault("IMAGEGEN_TORCH_THREADS", "1")
     # Only the tests of the rewrite stage turn it on (a request's `rewrite: on`).
     os.environ.setdefault("IMAGEGEN_REWRITE_DEFAULT", "off")
-    os.environ.setdefault("IMAGEGEN_REWRITER_PATH", str(Path(__file__).resolve().parent.parent / "models" / "rewriter-v1"))
+    os.environ.setdefault("IMAGEGEN_REWRITER_PATH", str(Path(__file__).resolve().parent.parent / "models" / "rewriter-v2"))
     # Webhooks: short attempts and retries, so a failure and its retry fit a test.
     os.environ.setdefault("IMAGEGEN_WEBHOOK_TIMEOUT", "2")
     os.environ.setdefault("IMAGEGEN_WEBHOOK_LEASE_SLACK", "2")

@@ -1,5 +1,5 @@
 """The rewrite stage through real workers: a free-form prompt goes through the shipped rewriter
-(models/rewriter-v1) on its own queue, is checked again, drawn, and reported on both APIs; a
+(models/rewriter-v2) on its own queue, is checked again, drawn, and reported on both APIs; a
 rewrite the gate refuses costs no image GPU time; the cache hits only with the same rewriter;
 a rewriter killed mid-pass loses nothing."""
 
@@ -55,7 +55,7 @@ def test_a_free_form_prompt_is_rewritten_checked_again_and_drawn(workers, alice_
     body = alice_api.get(f"/api/v1/jobs/{job_id}").json()
     assert body["prompt"] == FREE_FORM  # the user's own, as written
     assert body["revised_prompt"] == DRAWN and body["rewrite"] is True
-    assert body["rewriter"].startswith("rewriter-v1@")
+    assert body["rewriter"].startswith("rewriter-v2@")
     job = GenerationJob.objects.get(id=job_id)
     assert job.drawn_prompt == DRAWN and job.rewrite_attempts == 1
     gates = dict(job.verdicts.filter(stage__in=("prompt", "rewrite")).values_list("stage", "decision"))
@@ -107,7 +107,7 @@ def test_the_cache_hits_only_with_the_same_rewriter(workers, alice_api, settings
     assert again["status"] == "done" and again["revised_prompt"] == DRAWN  # the same rewrite, from the cache
     assert submit(alice_api, FREE_FORM, seed=3301, rewrite="off")["status"] == "queued"  # not rewritten: another key
 
-    other = tmp_path / "rewriter-v1"  # another version of the rewriter: one file differs
+    other = tmp_path / "rewriter-v2"  # another version of the rewriter: one file differs
     shutil.copytree(settings.IMAGEGEN_REWRITER_PATH, other)
     config = other / "config.json"
     config.write_text(config.read_text() + "\n")

@@ -44,11 +44,14 @@ def test_what_the_model_cannot_draw_keeps_the_users_prompt(rewriter, monkeypatch
     assert [(r.prompt, r.changed) for r in rewriter.rewrite(prompts)] == [(p, False) for p in prompts]
 
 
-def test_held_out_phrasings_are_mostly_rewritten_exactly(rewriter):
-    held = [s for s in rewriter_data.samples("heldout", 555, 300) if s.lang != "ood"]
+@pytest.mark.parametrize("split", ["heldout", "heldout2"])
+def test_held_out_phrasings_are_mostly_rewritten_exactly(rewriter, split):
+    held = [s for s in rewriter_data.samples(split, 555, 300) if s.lang != "ood"]
     out = rewriter.rewrite([s.source for s in held])
     exact = sum(r.prompt == s.target for r, s in zip(out, held, strict=True)) / len(held)
-    assert exact >= 0.6, exact     # the benchmark (bench/rewriter.py) reports the figure; this is a floor
+    # The benchmark (bench/rewriter.py) reports the figures (98% and 99% here); this is a floor
+    # (rewriter-v1 made 61% of the English held-out prompts exactly).
+    assert exact >= 0.9, exact
 
 
 def test_the_version_is_the_hash_of_the_model_files(tmp_path):
