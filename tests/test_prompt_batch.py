@@ -123,12 +123,15 @@ def test_a_prefork_worker_loads_the_prompt_filter_once_before_its_pool_forks(ali
     queue = "cpu-preload"
     settings.QUEUE_CPU = queue   # this test's checks go to this worker only
     worker = start_worker("cpu-preload", queue, concurrency=2, IMAGEGEN_QUEUE_CPU=queue)
-    jobs = [waiting_job(alice, p, n) for p, n in PROMPTS[:4]]
-    for job in jobs:
-        stages.send("prompt", str(job.id))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(j.verdicts.filter(stage="prompt").exists() for j in jobs):
-        time.sleep(0.2)
-    assert all(j.verdicts.filter(stage="prompt").exists() for j in jobs)
-    loads = [int(pid) for pid in re.findall(r"prompt filter loaded in process (\d+)", worker.log_path.read_text())]
-    assert loads == [worker.proc.pid], loads
+    try:
+        jobs = [waiting_job(alice, p, n) for p, n in PROMPTS[:4]]
+        for job in jobs:
+            stages.send("prompt", str(job.id))
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all(j.verdicts.filter(stage="prompt").exists() for j in jobs):
+            time.sleep(0.2)
+        assert all(j.verdicts.filter(stage="prompt").exists() for j in jobs)
+        loads = [int(pid) for pid in re.findall(r"prompt filter loaded in process (\d+)", worker.log_path.read_text())]
+        assert loads == [worker.proc.pid], loads
+    finally:
+        worker.stop()   # start_worker's workers otherwise live until the session ends
