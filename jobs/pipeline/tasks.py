@@ -22,7 +22,9 @@ def load_the_prompt_filter_before_the_pool_forks(sender=None, **kwargs) -> None:
     starts with it (shared copy-on-write) instead of loading it on its first check, one load per
     process on the same cores (11-17 s each here, so the first prompts of a fresh `make run` waited
     that long). Nothing is run on the model here beyond what loading runs, with the one thread the
-    embedder sets, so no thread pool is forked. IMAGEGEN_PRELOAD_PROMPT_FILTER=false turns it off."""
+    embedder sets, so no thread pool is forked. A solo-pool worker (the tests') has no fork: it
+    loads the filter before it reports ready rather than on its first check.
+    IMAGEGEN_PRELOAD_PROMPT_FILTER=false turns it off."""
     if not settings.IMAGEGEN_PRELOAD_PROMPT_FILTER or sender is None:
         return
     consumed = set(getattr(sender.app.amqp.queues, "consume_from", None) or {})
