@@ -87,3 +87,19 @@ def test_the_learning_rate_ramps_up_again_after_a_warm_start():
     cold = [train.lr_factor(s, 200, 3000) for s in range(1400, 1460)]
     warm = [train.lr_factor(s, 200, 3000, warm_step=1400) for s in range(1400, 1460)]
     assert warm[0] < cold[0] / 10 and warm[-1] == cold[-1]
+
+
+def test_kind_weights_oversample_the_named_kinds(tmp_path):
+    """--kind-weights star=3: a pool sample with a star is drawn three times as often as one without."""
+    pool = train.Pool(400)
+    assert pool.sample_weights({}) is None
+    p = pool.sample_weights(train.parse_kind_weights("star=3"))
+    has_star = [any(s.kind == "star" for s in gt.shapes) for gt in pool.gts]
+    star_p = {round(float(q) / float(p.min()), 6) for q, h in zip(p, has_star, strict=True) if h}
+    other_p = {round(float(q) / float(p.min()), 6) for q, h in zip(p, has_star, strict=True) if not h}
+    assert star_p == {3.0} and other_p == {1.0} and abs(p.sum() - 1) < 1e-9
+    for bad in ("moon=2", "star", "star=0"):
+        with pytest.raises(SystemExit):
+            train.parse_kind_weights(bad)
+    _run(tmp_path, "--vae-steps", "2", "--steps", "2", "--kind-weights", "star=2,triangle=1.5")
+    assert json.loads((tmp_path / "model" / "training_info.json").read_text())["kind_weights"] == "star=2,triangle=1.5"

@@ -170,6 +170,15 @@ class Pool:
         self.imgs, _, self.gts = ds.arrays(range(n))
         log(f"generated pool of {n} samples in {time.time() - t:.1f}s")
 
+    def sample_weights(self, kind_weights: dict[str, float]) -> np.ndarray | None:
+        """Probability of drawing each pool sample when kinds are oversampled: a sample weighs
+        the largest weight among its shapes' kinds (kinds not named weigh 1); None when no kind
+        is weighted (uniform draws, as v1 and shapes-v2 up to step 3600 were trained)."""
+        if not kind_weights:
+            return None
+        w = np.array([max(kind_weights.get(s.kind, 1.0) for s in gt.shapes) for gt in self.gts])
+        return w / w.sum()
+
     def crops(self, idx, size: int, rng: np.random.Generator, jitter: float = 10.0) -> np.ndarray:
         """size x size windows (a multiple of 4), each near one of its image's shapes."""
         out = []
@@ -371,6 +380,22 @@ def warm_start(pipeline_dir: str | Path, unet, te) -> int:
     return int(json.loads((pipeline_dir / "training_info.json").read_text())["unet_step"])
 
 
+def parse_kind_weights(spec: str | None) -> dict[str, float]:
+    """``"star=2,triangle=1.5"`` -> ``{"star": 2.0, "triangle": 1.5}``; unknown kinds are refused."""
+    from training.shapes_data import SHAPES
+
+    out: dict[str, float] = {}
+    for part in filter(None, (spec or "").split(",")):
+        kind, _, value = part.partition("=")
+        kind = kind.strip()
+        if kind not in SHAPES or not value:
+            raise SystemExit(f"--kind-weights: {part!r} is not KIND=WEIGHT with KIND one of {', '.join(SHAPES)}")
+        out[kind] = float(value)
+        if out[kind] <= 0:
+            raise SystemExit(f"--kind-weights: the weight of {kind} must be positive")
+    return out
+
+
 def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out: Path, t_start):
     torch.manual_seed(args.seed + 1)
     rng = np.random.default_rng(args.seed + 1)
@@ -425,8 +450,12 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
     te.train()
     t0 = time.time()
     loss_avg = None
+    draw_p = pool.sample_weights(parse_kind_weights(args.kind_weights))
     for step in range(start, args.steps):
-        idx = rng.integers(len(pool.imgs), size=args.batch)
+        if draw_p is None:
+            idx = rng.integers(len(pool.imgs), size=args.batch)
+        else:
+            idx = rng.choice(len(pool.imgs), size=args.batch, p=draw_p)
         caps = pool.captions(idx, rng)
         ids = tokenizer(caps, padding="max_length", max_length=MAX_TOKENS, truncation=True,
                         return_tensors="pt").input_ids
@@ -504,6 +533,9 @@ def main(argv=None):
     p.add_argument("--min-snr", type=float, default=0.0, help="min-SNR-gamma loss weighting (0: off, as v1)")
     p.add_argument("--unet-channels", type=int, nargs=3, default=[32, 64, 128])
     p.add_argument("--unet-layers", type=int, default=1)
+    p.add_argument("--kind-weights", default=None,
+                   help="oversample training samples by shape kind, e.g. star=2,triangle=1.5 (a sample weighs "
+                        "its largest kind's weight; others 1). Default: uniform")
     p.add_argument("--attn-top", action="store_true", help="cross-attention at the 16x16 level too")
     p.add_argument("--te-hidden", type=int, default=128)
     p.add_argument("--te-layers", type=int, default=3)
