@@ -27,6 +27,14 @@ the cores with the web tier, as on a one-machine install), the default image gat
 none` measures submits only. The load average is recorded per cell: prefer the ratios between
 runs made back to back.
 
+--run-command: the service exactly as `make run` starts it: scripts/run.py itself supervises the
+web tier and every worker (cpu with the prompt checks and the reaper, classify, io, webhooks, the
+GPU worker with the simulated accelerator), with the shipped limits (the per-address rate raised)
+and the user limits at their defaults. Its Redis is the benchmark's private one (make run uses
+REDIS_URL when it is set), its database a fresh SQLite file or DATABASE_URL. The prompt checks'
+own account (imagegen/timing.py: wall, CPU, statements, round trips, batch size, time since the
+submit) is read back per cell: CPU per prompt and the batch sizes the load made.
+
 --breakdown N: instead, N serial submits and N serial polls with IMAGEGEN_SERVER_TIMING on; per
 request the client's wall time and the web process's own account (jobs/api/timing.py): wall,
 thread CPU, database statements and time, Redis round trips and time, wait for a thread.
@@ -182,13 +190,17 @@ def http(method: str, path: str, token: str, body: bytes = b"", extra: str = "")
 
 # --- the stack ---
 
-def web_cpu_seconds(web: subprocess.Popen) -> float:
+def web_cpu_seconds(web: subprocess.Popen, supervised: bool = False) -> float:
+    """CPU seconds of the web tier: the uvicorn process and its workers (under scripts/run.py,
+    the supervisor's uvicorn child and its workers only)."""
     import psutil
 
     try:
         root = psutil.Process(web.pid)
+        if supervised:
+            root = next(p for p in root.children() if "uvicorn" in " ".join(p.cmdline()))
         procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    except (psutil.NoSuchProcess, StopIteration):
         return 0.0
     total = 0.0
     for p in procs:
@@ -200,13 +212,81 @@ def web_cpu_seconds(web: subprocess.Popen) -> float:
     return total
 
 
+def cpu_by_process(supervisor: subprocess.Popen, redis_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of every process of the stack, by role: make run's children (web and
+    each worker, with what they forked), the private Redis, and every PostgreSQL server process
+    on the machine (the local server shares the cores)."""
+    import psutil
+
+    out: dict[str, float] = {}
+
+    def add(role: str, proc) -> None:
+        try:
+            t = proc.cpu_times()
+            out[role] = out.get(role, 0.0) + t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+
+    try:
+        children = psutil.Process(supervisor.pid).children()
+    except psutil.NoSuchProcess:
+        children = []
+    for child in children:
+        try:
+            cmd = " ".join(child.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        role = "web" if "uvicorn" in cmd else next((part.split("@")[0] for part in cmd.split() if "@%h" in part), "other")
+        for proc in [child, *child.children(recursive=True)]:
+            add(role, proc)
+    if redis_pid:
+        add("redis", psutil.Process(redis_pid))
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "postgresql"):
+            add("postgresql", proc)
+    return out
+
+
+def wait_until_up(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the web tier did not come up; see {log}")
+        time.sleep(0.2)
+
+
+def start_run_command(stack: Stack, port: int, timeout: float = 300.0) -> subprocess.Popen:
+    """scripts/run.py (what `make run` runs) on `port`, with the stack's environment; returns
+    once it says it is ready (/readyz 200: the GPU worker up, the prompt filter loaded)."""
+    log = stack.var / "run.log"
+    proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=ROOT, env={**stack.env, "PORT": str(port)},
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while not (stack.var / "run-info.txt").exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            stop_group(proc, 30)
+            raise RuntimeError(f"make run did not become ready; see {log}")
+        time.sleep(0.5)
+    return proc
+
+
 def make_users(n: int) -> list[tuple[int, str]]:
     from django.contrib.auth.models import User
 
     from jobs.access.tokens import issue
 
-    User.objects.bulk_create([User(username=f"load{k}") for k in range(n)])
-    users = list(User.objects.filter(username__startswith="load").order_by("id"))
+    # A database that outlives the run (DATABASE_URL) keeps the users of earlier runs.
+    names = [f"load{k}" for k in range(n)]
+    existing = set(User.objects.filter(username__in=names).values_list("username", flat=True))
+    User.objects.bulk_create([User(username=name) for name in names if name not in existing])
+    users = list(User.objects.filter(username__in=names).order_by("id"))
     return [(u.id, issue(u, name="api-load")) for u in users]
 
 
@@ -327,6 +407,38 @@ def server_timing(header: str) -> dict[str, float]:
     return out
 
 
+def prompt_checks(since: int = 0) -> dict:
+    """The prompt checks' own account (IMAGEGEN_SERVER_TIMING records, imagegen/timing.py), from
+    record `since` on: those that ran the encoder (with their batch size) apart from those that
+    found their verdict already recorded by another's batch; CPU per prompt over all of them."""
+    from imagegen.timing import read_records
+
+    rows = list(reversed(read_records("prompt_check")))[since:]
+    ran = [r for r in rows if "batch" in r]
+    rest = [r for r in rows if "batch" not in r]
+
+    def p50(items, key):
+        return round(pct([r.get(key, 0.0) for r in items], 0.5) or 0.0, 2)
+
+    prompts = sum(r["batch"] for r in ran)
+    out: dict = {"checks": len(rows), "encoder_passes": len(ran), "prompts_in_passes": prompts,
+                 "cpu_ms_per_prompt": round(sum(r["cpu_s"] for r in rows) / max(1, len(rows)), 2),
+                 "batch_p50": p50(ran, "batch"), "batch_max": max((r["batch"] for r in ran), default=0)}
+    for name, items in (("encoder_pass", ran), ("verdict_found", rest)):
+        out[name] = {k: {"p50": p50(items, k), "p90": round(pct([r.get(k, 0.0) for r in items], 0.9) or 0.0, 2)}
+                     for k in ("wall_s", "cpu_s", "db_s", "db_n", "redis_s", "redis_n", "waited_s")} if items else {}
+    return out
+
+
+def wait_for_prompt_checks(n: int, timeout: float = 120.0) -> None:
+    from imagegen.redis_client import get_redis
+    from imagegen.timing import records_key
+
+    deadline = time.monotonic() + timeout
+    while get_redis().llen(records_key("prompt_check")) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def breakdown(port: int, users: list[tuple[int, str]], finished: list[tuple[str, str]], menu, n: int,
               rng: random.Random) -> dict:
     """N serial submits (the first five warm the processes and are dropped; the jobs stay queued
@@ -378,20 +490,30 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "api_load.json"))
     p.add_argument("--shipped", action="store_true",
                    help="limits, worker priority and image gate as make run ships them (see the docstring)")
+    p.add_argument("--run-command", action="store_true",
+                   help="drive scripts/run.py (make run) itself, limits as shipped (see the docstring)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="a setting for every process of the stack (e.g. IMAGEGEN_MAX_QUEUE_WAIT=3600: the GPU's "
+                        "honest queue-wait limit out of the way, to measure the web tier and the prompt checks)")
     p.add_argument("--breakdown", type=int, default=0,
                    help="N: only the per-request breakdown of N serial submits and N polls (Server-Timing)")
     a = p.parse_args()
 
+    a.shipped = a.shipped or a.run_command
     if a.shipped:  # imagegen/settings.py's defaults (Stack turns them off otherwise), one address for all
         shipped = {"IMAGEGEN_THROTTLE_SUBMIT": "120/min", "IMAGEGEN_THROTTLE_READ": "600/min",
                    "IMAGEGEN_THROTTLE_STREAM": "60/min", "IMAGEGEN_THROTTLE_IP": "1000000/min",
                    "IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE": "60", "IMAGEGEN_USER_MAX_IN_REVIEW": "5"}
     else:
         shipped = {"IMAGEGEN_IMAGE_CLASSIFIER": "none"}
-    stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain", **shipped, IMAGEGEN_USER_MAX_IN_FLIGHT="1000000",
-                  IMAGEGEN_USER_MAX_IMAGES_PER_DAY="100000000", IMAGEGEN_MAX_QUEUED_IMAGES="100000000",
-                  IMAGEGEN_MAX_QUEUE_WAIT="1e12", IMAGEGEN_WEB_PROCESSES=str(a.web_processes),
-                  IMAGEGEN_WEB_THREADS=str(a.web_threads), IMAGEGEN_SERVER_TIMING="1" if a.breakdown else "0")
+    # make run's user limits are its defaults; the other modes raise them out of the way
+    raised = {} if a.run_command else {
+        "IMAGEGEN_USER_MAX_IN_FLIGHT": "1000000", "IMAGEGEN_USER_MAX_IMAGES_PER_DAY": "100000000",
+        "IMAGEGEN_MAX_QUEUED_IMAGES": "100000000", "IMAGEGEN_MAX_QUEUE_WAIT": "1e12"}
+    stack = Stack(IMAGEGEN_ACCELERATOR="simulated", IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain", **shipped,
+                  **raised, IMAGEGEN_WEB_PROCESSES=str(a.web_processes), IMAGEGEN_WEB_THREADS=str(a.web_threads),
+                  IMAGEGEN_SERVER_TIMING="1" if a.breakdown or a.run_command else "0",
+                  **dict(item.split("=", 1) for item in a.env))
     stack.apply_to_this_process()
     import django
 
@@ -404,32 +526,25 @@ def main() -> None:
                     "web_processes": web_processes(stack.env), "web_threads": a.web_threads, "cores": os.cpu_count(),
                     "cells": []}
     web = None
+    from imagegen.timing import read_records
     try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-        stack.manage("migrate", "--noinput")
+        if a.run_command:
+            web = start_run_command(stack, port)
+        else:
+            stack.manage("migrate", "--noinput")
+            cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
+            gpu = stack.start_worker("gpu0", settings.QUEUE_GPU)
+            for proc in ([] if a.shipped else [cpu, gpu]):
+                os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
+            log = open(stack.var / "web.log", "ab")
+            web = subprocess.Popen(web_command(stack.env, str(port)), cwd=ROOT, env=stack.env, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+            wait_until_up(port, web, stack.var / "web.log")
+            stack.wait_for_gpu_workers(settings.IMAGEGEN_MODEL_NAME, 1)
         users = make_users(a.users)
-        cpu = stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True)
-        gpu = stack.start_worker("gpu0", settings.QUEUE_GPU)
-        for proc in ([] if a.shipped else [cpu, gpu]):
-            os.setpriority(os.PRIO_PROCESS, proc.pid, 10)
-        log = open(stack.var / "web.log", "ab")
-        web = subprocess.Popen(web_command(stack.env, str(port)), cwd=ROOT, env=stack.env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or web.poll() is not None:
-                raise RuntimeError("the web tier did not come up; see " + str(stack.var / "web.log"))
-            time.sleep(0.2)
-        stack.wait_for_gpu_workers(settings.IMAGEGEN_MODEL_NAME, 1)
         finished = done_jobs(a.poll_targets, users)
         menu = settings.IMAGEGEN_SIZE_MENU
 
@@ -442,14 +557,24 @@ def main() -> None:
         async def cell(kind: str, rate: float, make) -> dict:
             load = OpenLoop(port, a.max_connections, a.timeout)
             await load.run(rate, a.warmup, make, rng)
-            cpu0 = web_cpu_seconds(web)
+            cpu0 = web_cpu_seconds(web, a.run_command)
+            roles0 = cpu_by_process(web, stack.redis.pid if stack.redis else None) if a.run_command else {}
+            began = time.monotonic()
             answers = await load.run(rate, a.seconds, make, rng)
-            spent = web_cpu_seconds(web) - cpu0
+            spent = web_cpu_seconds(web, a.run_command) - cpu0
             await load.close()
-            return figures(answers, a.seconds, spent)
+            f = figures(answers, a.seconds, spent)
+            if a.run_command:  # where the two cores went while the load was sent (cores busy, by role)
+                elapsed = time.monotonic() - began
+                roles1 = cpu_by_process(web, stack.redis.pid if stack.redis else None)
+                f["cores_by_process"] = {k: round((roles1[k] - roles0.get(k, 0.0)) / elapsed, 3) for k in sorted(roles1)}
+            return f
 
         if a.breakdown:
             result["breakdown"] = breakdown(port, users, finished, menu, a.breakdown, rng)
+            if a.run_command:  # every submit's check, and the serial ones ran one prompt a pass
+                wait_for_prompt_checks(a.breakdown + 5)
+                result["breakdown"]["prompt_check"] = prompt_checks()
             print(json.dumps(result["breakdown"], indent=2), flush=True)
         for depth in ([] if a.breakdown else [int(d) for d in a.depths.split(",")]):
             for kind, rates in (("poll", a.poll_rates), ("submit", a.submit_rates)):
@@ -463,7 +588,11 @@ def main() -> None:
                         return http("GET", f"/api/v1/jobs/{job_id}", token)
 
                     time.sleep(1.0)  # let the summary settle, as it would in steady traffic
+                    checks_before = len(read_records("prompt_check"))
                     f = asyncio.run(cell(kind, rate, submit if kind == "submit" else poll))
+                    if a.run_command and kind == "submit":
+                        wait_for_prompt_checks(checks_before + f["codes"].get("202", 0), timeout=60)
+                        f["prompt_check"] = prompt_checks(checks_before)
                     f.update(kind=kind, offered_per_s=rate, depth=depth, queued_at_start=len(queued),
                              load_average_1m=round(os.getloadavg()[0], 2))
                     result["cells"].append(f)
@@ -471,9 +600,15 @@ def main() -> None:
                           f"(2xx {f['ok_per_s']}/s) "
                           f"p50 {f['p50_ms']:>7} ms p99 {f['p99_ms']:>7} ms codes {f['codes']} "
                           f"web cpu {f['web_cpu_ms_per_request']} ms/req load {f['load_average_1m']} refused by {f['refused_by']}", flush=True)
+                    if "prompt_check" in f:
+                        pc = f["prompt_check"]
+                        print(f"       prompt checks: {pc['checks']} ({pc['encoder_passes']} encoder passes, batch p50 "
+                              f"{pc['batch_p50']} max {pc['batch_max']}), {pc['cpu_ms_per_prompt']} ms CPU per prompt", flush=True)
+                    if "cores_by_process" in f:
+                        print(f"       cores busy, by process: {f['cores_by_process']}", flush=True)
     finally:
         if web is not None:
-            stop_group(web, 20)
+            stop_group(web, 30)  # scripts/run.py stops what it started, then itself
         stack.close()
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

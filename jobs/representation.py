@@ -11,8 +11,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework import serializers
 
+from imagegen.precompiled import Precompiled
 from jobs.media.storage import image_url
-from jobs.models import GenerationJob
+from jobs.models import GeneratedImage, GenerationJob
 
 
 def image_json(image) -> dict:
@@ -26,11 +27,18 @@ def image_json(image) -> dict:
     }
 
 
+# A done job's images, read once per poll: compiled once (imagegen/precompiled.py).
+_IMAGES_OF = Precompiled(lambda job: GeneratedImage.objects.filter(job_id=job),
+                         job=GeneratedImage._meta.get_field("job"))
+
+
 def delivered_images(job: GenerationJob) -> list[dict]:
     """Only delivered (public) images of a done job ever get a URL."""
     if job.status != "done":
         return []
-    return [image_json(im) for im in job.images.all() if im.tier == "public"]
+    prefetched = getattr(job, "_prefetched_objects_cache", {}).get("images")
+    images = prefetched if prefetched is not None else _IMAGES_OF(job=job.pk)
+    return [image_json(im) for im in images if im.tier == "public"]
 
 
 def status_event(job: GenerationJob) -> dict:

@@ -185,7 +185,7 @@ def test_the_precompiled_limit_counts_answer_what_the_orm_statement_answers(alic
         for priority in ("interactive", "batch"):
             with transaction.atomic():
                 precompiled = usage.lock_and_count(user.pk, priority, now=now)
-            assert usage._counts_statement(priority) is not None  # compiled, not the per-call fallback
+            assert usage._COUNTS.is_compiled()  # the kept statement, not the per-call fallback
             row = usage._counts_query(user.pk, priority, now - usage.QUOTA_WINDOW).first()
             assert precompiled == tuple(v or 0 for v in row)
     with transaction.atomic():

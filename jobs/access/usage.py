@@ -13,13 +13,13 @@ write lock from its start (transaction_mode IMMEDIATE in settings), which serial
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.contrib.auth import get_user_model
-from django.db import connection
 from django.db.models import Count, OuterRef, Q, Subquery, Sum
 from django.utils import timezone
 
+from imagegen.precompiled import Precompiled
 from jobs.models import GenerationJob, JobStatus, UsageCharge
 
 QUOTA_WINDOW = timedelta(days=1)
@@ -41,56 +41,39 @@ def lock_and_count(user_id, priority: str = "interactive", now: datetime | None 
     (tests/test_limits.py)."""
     lock_user(user_id)
     since = (now or timezone.now()) - QUOTA_WINDOW
-    statement = _counts_statement(priority)
-    if statement is None:
-        row = _counts_query(user_id, priority, since).first()
-    else:
-        sql, standins, user_at, since_at = statement
-        params = list(standins)
-        params[user_at], params[since_at] = user_id, connection.ops.adapt_datetimefield_value(since)
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
+    row = _COUNTS.first(user=user_id, priority=priority, since=since)
     if row is None:
         return 0, 0, 0
     return row[0] or 0, row[1] or 0, row[2] or 0
 
 
-def _counts_query(user_id, priority: str, since: datetime):
+def _counts_query(user, priority: str, since: datetime):
     mine = GenerationJob.objects.filter(owner_id=OuterRef("pk"), priority=priority).order_by().values("owner_id")
     in_flight = mine.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).annotate(n=Count("id")).values("n")
     reserved = mine.filter(status__in=UNFINISHED, charged_at=None).annotate(n=Sum("billable_images")).values("n")
     charged = (UsageCharge.objects.filter(user_id=OuterRef("pk"), charged_at__gte=since, priority=priority)
                .order_by().values("user_id").annotate(n=Sum("images")).values("n"))
-    return (get_user_model().objects.filter(pk=user_id)
+    return (get_user_model().objects.filter(pk=user)
             .annotate(in_flight=Subquery(in_flight), reserved=Subquery(reserved), charged=Subquery(charged))
-            .order_by("pk").values_list("in_flight", "reserved", "charged"))
+            .order_by("pk").values_list("in_flight", "reserved", "charged")[:1])
 
 
-# Building and compiling that statement through the ORM cost ~5 ms of CPU per submit (three
-# subqueries), several times what the database takes to run it: it is compiled once per
-# database and tier, with stand-ins for the user and the window's start, whose places in the
-# parameters are then filled per call.
-_STANDIN_USER = -73_452_190
-_STANDIN_SINCE = datetime(1999, 1, 2, 3, 4, 5, tzinfo=UTC)
-_STATEMENTS: dict[tuple[str, str], tuple[str, tuple, int, int] | None] = {}
-
-
-def _counts_statement(priority: str) -> tuple[str, tuple, int, int] | None:
-    key = (connection.settings_dict["NAME"], priority)
-    if key not in _STATEMENTS:
-        sql, params = _counts_query(_STANDIN_USER, priority, _STANDIN_SINCE)[:1].query.sql_with_params()
-        since = connection.ops.adapt_datetimefield_value(_STANDIN_SINCE)
-        users = [i for i, p in enumerate(params) if p == _STANDIN_USER]
-        sinces = [i for i, p in enumerate(params) if p == since]
-        # None: the stand-ins are not found once each (a backend that inlines them): the ORM per call
-        _STATEMENTS[key] = (sql, tuple(params), users[0], sinces[0]) if len(users) == len(sinces) == 1 else None
-    return _STATEMENTS[key]
+# Building and compiling these statements through the ORM cost more CPU per submit than the
+# database spends running them (~5 ms for the three subqueries above): each is compiled once
+# per database and thread and filled in per call (imagegen/precompiled.py).
+_COUNTS = Precompiled(_counts_query, user=get_user_model()._meta.pk,
+                      priority=GenerationJob._meta.get_field("priority"),
+                      since=UsageCharge._meta.get_field("charged_at"))
+_IN_FLIGHT = Precompiled(
+    lambda user, priority: GenerationJob.objects.filter(owner_id=user, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
+                                                        priority=priority)
+    .order_by().values("owner_id").annotate(n=Count("id")).values_list("n"),
+    user=GenerationJob._meta.get_field("owner"), priority=GenerationJob._meta.get_field("priority"))
 
 
 def jobs_in_flight(user_id, priority: str = "interactive") -> int:
-    return GenerationJob.objects.filter(owner_id=user_id, status__in=[JobStatus.QUEUED, JobStatus.RUNNING],
-                                        priority=priority).count()
+    row = _IN_FLIGHT.first(user=user_id, priority=priority)
+    return row[0] if row else 0
 
 
 def unfinished(user_id, priority: str = "interactive") -> tuple[int, int]:

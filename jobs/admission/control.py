@@ -8,9 +8,12 @@ import dataclasses
 import math
 
 from django.conf import settings
+from django.db.models import Sum
 
+from imagegen.precompiled import Precompiled
 from jobs.admission import summary as queue_summary
 from jobs.admission.replay import Estimate, cap_of, estimate
+from jobs.models import GenerationJob
 from scheduling import costs as cost_model
 from scheduling import policy, scheduler
 from scheduling.costs import pass_seconds
@@ -110,16 +113,23 @@ def read_ahead(shape: str, images: int, tier: int = policy.INTERACTIVE) -> None:
         queue_summary.read_ahead_new(shape, images)
 
 
-def _own_queued_images(owner, shape: str) -> int:
-    from django.db.models import Sum
-
-    from jobs.models import GenerationJob
-
-    info = scheduler.parse_shape(shape)
+def _own_queued_query(owner, model_version: str, width: int, height: int, steps: int):
     return GenerationJob.objects.filter(
-        owner_id=owner.pk, status="queued", priority="interactive", model_version=info["model_version"],
-        width=info["width"], height=info["height"], steps=info["steps"],
-    ).aggregate(n=Sum("billable_images"))["n"] or 0
+        owner_id=owner, status="queued", priority="interactive", model_version=model_version,
+        width=width, height=height, steps=steps,
+    ).order_by().values("owner_id").annotate(n=Sum("billable_images")).values_list("n")
+
+
+# Every submit runs it: compiled once (imagegen/precompiled.py).
+_OWN_QUEUED = Precompiled(_own_queued_query, **{name: GenerationJob._meta.get_field(name) for name in (
+    "owner", "model_version", "width", "height", "steps")})
+
+
+def _own_queued_images(owner, shape: str) -> int:
+    info = scheduler.parse_shape(shape)
+    row = _OWN_QUEUED.first(owner=owner.pk, model_version=info["model_version"], width=info["width"],
+                            height=info["height"], steps=info["steps"])
+    return (row[0] or 0) if row else 0
 
 
 def _accepted(shape: str) -> None:

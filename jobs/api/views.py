@@ -5,7 +5,6 @@ import hashlib
 from django.conf import settings
 from django.db import transaction
 from django.http import FileResponse, Http404, HttpResponse
-from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import status
@@ -16,6 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from imagegen import metrics
+from imagegen.precompiled import Precompiled
 from jobs import actions
 from jobs.access import usage
 from jobs.access.throttles import RateLimited
@@ -36,9 +36,18 @@ def limited(refused: Refused) -> RateLimited:
     return RateLimited(refused.retry_after, refused.limit, refused.message, eta_seconds=refused.eta_seconds)
 
 
+# A poll's one read of the job (imagegen/precompiled.py: compiled once, not per request).
+_OWN_JOB = Precompiled(
+    lambda id, owner: GenerationJob.objects.visible().select_related("batch").filter(id=id, owner_id=owner),
+    id=GenerationJob._meta.get_field("id"), owner=GenerationJob._meta.get_field("owner"))
+
+
 def own_job(request, job_id) -> GenerationJob:
     # Another user's job is a 404, never a 403: existence does not leak.
-    return get_object_or_404(GenerationJob.objects.visible().select_related("batch"), id=job_id, owner=request.user)
+    job = _OWN_JOB.first(id=job_id, owner=request.user.pk)
+    if job is None:
+        raise Http404("No GenerationJob matches the given query.")
+    return job
 
 
 class NewestFirst(CursorPagination):

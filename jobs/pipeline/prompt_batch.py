@@ -18,6 +18,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from imagegen import timing
 from imagegen.redis_client import PREFIX, get_redis
 from jobs import actions
 from jobs.models import GenerationJob, JobStatus
@@ -80,6 +81,7 @@ def check(job: GenerationJob, prompt: str | None = None):
         log.warning("prompt batch: no waiting checks taken", exc_info=True)
         others = []
     prompt = job.prompt if prompt is None else prompt
+    timing.note(batch=1 + len(others))
     if not others:
         return get_prompt_filter().check(prompt, job.negative_prompt)
     answers = get_prompt_filter().check_many([(prompt, job.negative_prompt)] + [(j.prompt, j.negative_prompt) for j in others])

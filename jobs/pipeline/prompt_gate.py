@@ -8,7 +8,10 @@ will draw (the rewriter may write what the user did not): that verdict is record
 from __future__ import annotations
 
 import logging
+import time
 
+from imagegen import timing
+from imagegen.precompiled import Precompiled
 from jobs import actions
 from jobs.models import GenerationJob, JobStatus
 from safety.models import SafetyVerdict
@@ -16,14 +19,29 @@ from safety.models import SafetyVerdict
 log = logging.getLogger(__name__)
 
 
+# Every prompt check runs these (imagegen/precompiled.py: compiled once, filled per call).
+_JOB = Precompiled(lambda id: GenerationJob.objects.filter(id=id)[:1], id=GenerationJob._meta.get_field("id"))
+_FIRST_VERDICT = Precompiled(
+    lambda job, stage: SafetyVerdict.objects.filter(job_id=job, stage=stage).order_by("created_at")[:1],
+    job=SafetyVerdict._meta.get_field("job"), stage=SafetyVerdict._meta.get_field("stage"))
+_LAST_HUMAN = Precompiled(
+    lambda job: SafetyVerdict.objects.filter(job_id=job, stage="human", image__isnull=True).order_by("-created_at")[:1],
+    job=SafetyVerdict._meta.get_field("job"))
+_LAST_HUMAN_AFTER = Precompiled(
+    lambda job, after: SafetyVerdict.objects.filter(job_id=job, stage="human", image__isnull=True, created_at__gt=after)
+    .order_by("-created_at")[:1],
+    job=SafetyVerdict._meta.get_field("job"), after=SafetyVerdict._meta.get_field("created_at"))
+
+
 def gate_prompt(job_id: str) -> str:
-    job = GenerationJob.objects.filter(id=job_id).first()
+    job = _JOB.first(id=job_id)
     if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is not None:
         return "skipped"
+    timing.note(waited_s=max(0.0, time.time() - job.created_at.timestamp()))  # since the submit
     rewritten = job.rewrite and job.rewritten_at is not None and job.revised_prompt != job.prompt
     stage, prompt = ("rewrite", job.revised_prompt) if rewritten else ("prompt", job.prompt)
     # A verdict already recorded (a redelivered task) is reused, never decided twice.
-    verdict = SafetyVerdict.objects.filter(job=job, stage=stage).order_by("created_at").first()
+    verdict = _FIRST_VERDICT.first(job=job.id, stage=stage)
     if verdict is None:
         from jobs.pipeline import prompt_batch
 
@@ -38,10 +56,8 @@ def gate_prompt(job_id: str) -> str:
     # whose admit was lost is admitted when the reaper re-sends the check, never re-held. On the
     # rewritten prompt only a decision made after its own verdict counts (one on the user's
     # prompt did not see what the rewriter wrote).
-    humans = SafetyVerdict.objects.filter(job=job, stage="human", image__isnull=True)
-    if rewritten:
-        humans = humans.filter(created_at__gt=verdict.created_at)
-    human = humans.order_by("-created_at").first()
+    human = (_LAST_HUMAN_AFTER.first(job=job.id, after=verdict.created_at) if rewritten
+             else _LAST_HUMAN.first(job=job.id))
     if human is not None:
         verdict = human
     if verdict.decision == "block":

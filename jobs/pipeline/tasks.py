@@ -43,7 +43,14 @@ def check_prompt(job_id: str) -> str:
     """The prompt gate, on the cpu queue, before any GPU time is spent."""
     from jobs.pipeline.prompt_gate import gate_prompt
 
-    return gate_prompt(job_id)
+    if not settings.IMAGEGEN_SERVER_TIMING:
+        return gate_prompt(job_id)
+    from imagegen import timing
+
+    with timing.tallied() as tally:  # bench/api_load.py --breakdown reads these records
+        decision = gate_prompt(job_id)
+    timing.record("prompt_check", {**tally, "decision": decision})
+    return decision
 
 
 @shared_task(name="jobs.pipeline.tasks.classify_batch", acks_late=True, reject_on_worker_lost=True,
