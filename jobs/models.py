@@ -148,6 +148,10 @@ class GenerationJob(models.Model):
     # Set when the prompt gate admitted the job to the scheduler; the reaper rebuilds the
     # scheduler's Redis state from rows that have it and are still queued.
     scheduled_at = models.DateTimeField(null=True, blank=True)
+    # When its prompt's verdict was recorded (jobs.actions.record_prompt_verdict; from migration
+    # 0013 on). The cpu worker's drain finds the prompts still to check by it, through the partial
+    # index below, whatever the backlog of checked jobs waiting for a GPU (jobs/pipeline/prompt_batch.py).
+    prompt_checked_at = models.DateTimeField(null=True, blank=True)
     # A cross-user cache hit (IMAGEGEN_CACHE_SCOPE=k-anonymous) is queued like a fresh job and
     # done at this time, no sooner than a fresh job of its shape would be (jobs.actions.reveal_cached).
     cache_reveal_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -166,7 +170,11 @@ class GenerationJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["owner", "-created_at"])]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"]),
+            models.Index(fields=["created_at"], name="job_awaiting_prompt_check",
+                         condition=models.Q(status="queued", scheduled_at=None, prompt_checked_at=None)),
+        ]
 
     def __str__(self) -> str:
         return f"job {self.id} ({self.status})"

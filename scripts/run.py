@@ -45,18 +45,6 @@ def web_processes(env: dict) -> int:
     return value if value > 0 else max(1, min(8, os.cpu_count() or 1))
 
 
-def worker_nice(env: dict) -> int:
-    """IMAGEGEN_WORKER_NICE (default 5): how much lower the Celery workers' CPU priority is than the
-    web tier's, on the one machine `make run` shares between them. Under a burst the web
-    processes answer first; the workers take every cycle the web tier leaves, and the prompt
-    checks that wait meanwhile are checked in bigger batches (jobs/pipeline/prompt_batch.py).
-    0: all equal. (Production runs them on hosts of their own.)"""
-    value = int(env.get("IMAGEGEN_WORKER_NICE") or 5)
-    if not 0 <= value <= 19:
-        raise SystemExit(f"IMAGEGEN_WORKER_NICE={value}: must be 0..19")
-    return value
-
-
 def web_command(env: dict, port: str, host: str = "127.0.0.1") -> list[str]:
     """The web tier: uvicorn with one process per web_processes() on one port, sync views on
     IMAGEGEN_WEB_THREADS threads in each (imagegen/asgi.py); the processes share nothing but
@@ -119,19 +107,12 @@ class Child:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        die = child_preexec(os.getpid())
-        nice = worker_nice(self.env) if self.name.startswith("worker-") else 0
-
-        def preexec() -> None:
-            die()
-            if nice:
-                os.nice(nice)
         logfile = open(self.log_path, "ab")
         stdout: int | IO[bytes] = subprocess.PIPE if self.verbose else logfile
         # Its own session (Ctrl-C reaches only the supervisor, which stops the children in
         # order), and it dies with the supervisor even when that is killed outright.
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-                                     preexec_fn=preexec, stdout=stdout, stderr=subprocess.STDOUT)
+                                     preexec_fn=child_preexec(os.getpid()), stdout=stdout, stderr=subprocess.STDOUT)
         if self.verbose:
             threading.Thread(target=self._tee, args=(self.proc, logfile), daemon=True).start()
         else:

@@ -24,5 +24,7 @@ def record_prompt_verdict(job: GenerationJob, result, stage: str = "prompt"):
         language=getattr(result, "language", ""),
         notes=matched,
     )
+    if stage == "prompt":  # no longer among the prompts the cpu worker's drain looks for
+        GenerationJob.objects.filter(id=job.id, prompt_checked_at=None).update(prompt_checked_at=verdict.created_at)
     metrics.count_verdicts([verdict])
     return verdict
