@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import pct  # noqa: E402
+from bench.common import fresh_database, pct  # noqa: E402
 from scripts.procs import free_port, stop_group  # noqa: E402
 from scripts.run import web_command, web_processes  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
@@ -282,7 +282,6 @@ def make_users(n: int) -> list[tuple[int, str]]:
 
     from jobs.access.tokens import issue
 
-    # A database that outlives the run (DATABASE_URL) keeps the users of earlier runs.
     names = [f"load{k}" for k in range(n)]
     existing = set(User.objects.filter(username__in=names).values_list("username", flat=True))
     User.objects.bulk_create([User(username=name) for name in names if name not in existing])
@@ -474,6 +473,14 @@ def breakdown(port: int, users: list[tuple[int, str]], finished: list[tuple[str,
 
 
 def main() -> None:
+    # A PostgreSQL DATABASE_URL: the run gets a database of its own on that server.
+    with fresh_database(os.environ.get("DATABASE_URL")) as url:
+        if url:
+            os.environ["DATABASE_URL"] = url
+        run()
+
+
+def run() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--submit-rates", default="50,100,200,400")
     p.add_argument("--poll-rates", default="50,100,200,400,800")

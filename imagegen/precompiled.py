@@ -34,16 +34,21 @@ from typing import Any
 
 from django.db import connections
 from django.db.models import Field, QuerySet
-from django.db.models.query import get_related_populators
+from django.db.models.query import get_related_populators  # type: ignore[attr-defined]  # Django's own, as QuerySet iteration uses it
 
 _serial = count(1)
+
+
+def _target(field: Any) -> Field:
+    """The field whose values a comparison with `field` takes: a foreign key's is its target's."""
+    return field.target_field if field.is_relation else field
 
 
 def _standin(field: Field, connection) -> Any:
     """A value of the field's type that no real row has, different for every call (an integer
     near the top of the backend's range for the field: outside it the ORM compiles no SQL)."""
     n = next(_serial)
-    internal = field.target_field.get_internal_type() if field.is_relation else field.get_internal_type()
+    internal = _target(field).get_internal_type()
     if internal == "UUIDField":
         return uuid.UUID(int=(0x5EED_0000_0000_0000 << 64) + n)
     if internal in ("DateTimeField",):
@@ -71,13 +76,12 @@ class _Compiled:
 
 
 class Precompiled:
-    def __init__(self, build: Callable[..., QuerySet], **fields: Field):
+    def __init__(self, build: Callable[..., QuerySet], **fields: Any):
         self.build, self.fields = build, fields
         self._local = threading.local()
 
     def _prepare(self, name: str, value: Any, connection) -> Any:
-        field = self.fields[name]
-        target = field.target_field if field.is_relation else field
+        target = _target(self.fields[name])
         return target.get_db_prep_value(target.get_prep_value(value), connection, prepared=True)
 
     def _compile(self, using: str) -> _Compiled | None:
@@ -87,7 +91,7 @@ class Precompiled:
         compiler = queryset.query.get_compiler(using=using)
         sql, params = compiler.as_sql()
         params = list(params)
-        slots = []
+        slots: list[tuple[int, str]] = []
         for name, value in standins.items():
             prepared = self._prepare(name, value, connection)
             found = [i for i, p in enumerate(params) if type(p) is type(prepared) and p == prepared]

@@ -169,3 +169,25 @@ def test_finding_waiting_prompts_reads_a_bounded_number_of_rows_behind_a_backlog
     assert len(list(query)) == 15
     plan = json.loads(query.explain(format="json", analyze=True))[0]["Plan"]
     assert _rows_read(plan) < 100, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_server_timing_on_each_check_keeps_its_account_for_the_benchmark(alice, redis_client, settings, monkeypatch):
+    """bench/api_load.py --run-command reads these: the check's wall and CPU time, statements and
+    round trips, the prompts in its encoder pass, and how long after the submit it started."""
+    from imagegen.timing import read_records, records_key
+    from jobs.pipeline.tasks import check_prompt
+
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+    settings.IMAGEGEN_PROMPT_BATCH = 32
+    settings.IMAGEGEN_SERVER_TIMING = True
+    get_redis().delete(records_key("prompt_check"))
+    jobs = [waiting_job(alice, p, n) for p, n in PROMPTS[:3]]
+    assert [check_prompt(str(job.id)) for job in jobs] == ["allow", "allow", "review"]
+    first, *others = reversed(read_records("prompt_check"))
+    assert first["batch"] == 3 and first["decision"] == "allow" and first["db_n"] >= 3 and first["redis_n"] >= 1
+    assert first["cpu_s"] > 0 and first["wall_s"] >= first["cpu_s"] * 0.5 and first["waited_s"] >= 0
+    assert [r.get("batch") for r in others] == [None, None] and [r["decision"] for r in others] == ["allow", "review"]
+    settings.IMAGEGEN_SERVER_TIMING = False
+    check_prompt(str(waiting_job(alice, PROMPTS[0][0]).id))
+    assert len(read_records("prompt_check")) == 3  # off: nothing kept
