@@ -43,14 +43,15 @@ def load_pipeline(model: str, threads: int = 1):
     return pipe
 
 
-def generate(pipe, items: list[Item], width: int, height: int) -> np.ndarray:
+def generate(pipe, items: list[Item], width: int, height: int, steps: int = STEPS,
+             guidance: float = GUIDANCE) -> np.ndarray:
     """uint8 (N, height, width, 3): the service's way of making one batch."""
     import torch
 
     generators = [torch.Generator(device="cpu").manual_seed(it.seed) for it in items]
     with torch.inference_mode():
         out = pipe(prompt=[it.prompt for it in items], negative_prompt=["" for _ in items], width=width,
-                   height=height, num_inference_steps=STEPS, guidance_scale=GUIDANCE, generator=generators,
+                   height=height, num_inference_steps=steps, guidance_scale=guidance, generator=generators,
                    output_type="pil")
     return np.stack([np.asarray(im.convert("RGB")) for im in out.images])
 
@@ -59,12 +60,13 @@ def chunk_path(root: Path, split: str, width: int, height: int, chunk: int) -> P
     return root / split / f"{width}x{height}" / f"{chunk:05d}.npz"
 
 
-def make_chunk(pipe, root: Path, split: str, width: int, height: int, chunk: int) -> Path:
+def make_chunk(pipe, root: Path, split: str, width: int, height: int, chunk: int, steps: int = STEPS,
+               guidance: float = GUIDANCE) -> Path:
     path = chunk_path(root, split, width, height, chunk)
     if path.exists():
         return path
     items = [item(split, width, height, i) for i in range(chunk * CHUNK, (chunk + 1) * CHUNK)]
-    images = generate(pipe, items, width, height)
+    images = generate(pipe, items, width, height, steps, guidance)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, images=images, prompts=np.array([it.prompt for it in items]),
