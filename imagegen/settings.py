@@ -193,13 +193,15 @@ IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.n
 # More versions a job may choose with its `model` field, each on its own lane
 # (gpu.<name>@<version>): "version=path,...", or "none". Default: the shipped distilled student
 # beside the shipped teacher, when the teacher is the served model (scheduling/catalogue.py).
+# shapes-v2 (issue 34: sharp shapes) is served beside them too, selectable and as the canary below.
 _shipped_student = BASE_DIR / "models" / "shapes-v1-lcm"
+_shipped_v2 = BASE_DIR / "models" / "shapes-v2"
 IMAGEGEN_EXTRA_MODELS = {
     version: str(Path(path) if Path(path).is_absolute() else BASE_DIR / path)
     for version, path in env_models(
         "IMAGEGEN_EXTRA_MODELS",
-        {_shipped_student.name: str(_shipped_student)}
-        if IMAGEGEN_MODEL_PATH == _shipped_model and (_shipped_student / "model_index.json").exists() else {},
+        {m.name: str(m) for m in (_shipped_student, _shipped_v2) if (m / "model_index.json").exists()}
+        if IMAGEGEN_MODEL_PATH == _shipped_model else {},
     ).items()
 }
 # OpenAI quality tiers sent to another served model when a request names none: "low=VERSION,...".
@@ -211,8 +213,11 @@ IMAGEGEN_QUALITY_MODELS = {
 # Canary rollout: a share of new jobs goes to another version of the model, served by workers
 # started with that version's path on the queue gpu.<name>@<version>. `manage.py rollout`
 # compares the versions and moves queued jobs between them (promote / roll back).
-IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", "")
-IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.0)
+# Default: where the shipped models are served, shapes-v2 takes a tenth of the jobs that name no
+# model (its first stage of rollout: docs/model.md); elsewhere none.
+_v2_canary = _shipped_v2.name in IMAGEGEN_EXTRA_MODELS and IMAGEGEN_MODEL_PATH == _shipped_model
+IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", _shipped_v2.name if _v2_canary else "")
+IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.1 if _v2_canary else 0.0)
 IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
 # The prompt rewriter (a stage of its own, `rewrite`, between the prompt check and generation;
 # docs/rewriter.md): a small language model that turns free-form descriptions into the served

@@ -173,6 +173,12 @@ def test_the_shipped_deployment_serves_the_teacher_and_its_distilled_student():
                          capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
     assert out[0].startswith("shapes-v1 ") and "gpu.shapes " in out[0] and out[0].rstrip().endswith("/models/shapes-v1")
     assert out[1].startswith(f"{STUDENT} ") and f"gpu.shapes@{STUDENT}" in out[1] and "steps   1" in out[1]
+    # shapes-v2 beside them (issue 34), at its own guidance, and the canary of the jobs naming no model
+    assert out[2].startswith("shapes-v2 ") and "gpu.shapes@shapes-v2 " in out[2] and "guidance 6" in out[2]
+    canary = subprocess.run([sys.executable, "manage.py", "shell", "-c", "from django.conf import settings; "
+                             "print(settings.IMAGEGEN_CANARY_VERSION, settings.IMAGEGEN_CANARY_SHARE)"],
+                            cwd=SHIPPED.parent, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert canary.stdout.splitlines()[-1].split() == ["shapes-v2", "0.1"]
 
 
 def test_a_job_naming_the_student_runs_on_its_lane_in_one_step_and_a_negative_prompt_is_refused(
