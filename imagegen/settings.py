@@ -184,40 +184,43 @@ IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"
 IMAGEGEN_CDN_PURGE_HOOK = env_str("IMAGEGEN_CDN_PURGE_HOOK", "jobs.media.cdn:log_purge")
 
 # --- the served model ---
-_shipped_model = BASE_DIR / "models" / "shapes-v1"
-_default_model = _shipped_model if (_shipped_model / "model_index.json").exists() else VAR_DIR / "models" / "tiny-random"
+# The shipped models: shapes-v2 (issue 34: every kind drawn right) is the default; shapes-v1 stays
+# served, selectable, so its old jobs keep regenerating (a version no longer served answers 410);
+# the distilled students (shapes-v2-lcm where it is shipped, else shapes-v1-lcm) serve the
+# OpenAI "low" tier. IMAGEGEN_MODEL_PATH=models/shapes-v1 rolls back (docs/model.md).
+_shipped_v1 = BASE_DIR / "models" / "shapes-v1"
+_shipped_v2 = BASE_DIR / "models" / "shapes-v2"
+_shipped_students = [BASE_DIR / "models" / "shapes-v2-lcm", BASE_DIR / "models" / "shapes-v1-lcm"]
+_shipped = [m for m in (_shipped_v2, _shipped_v1, *_shipped_students) if (m / "model_index.json").exists()]
+_shipped_model = next((m for m in (_shipped_v2, _shipped_v1) if m in _shipped), None)
+_default_model = _shipped_model or VAR_DIR / "models" / "tiny-random"
 IMAGEGEN_MODEL_PATH = Path(env_str("IMAGEGEN_MODEL_PATH", str(_default_model)))
+_serving_shipped = IMAGEGEN_MODEL_PATH in _shipped
 # The model's name picks its GPU queue (gpu.<name>); the version is recorded on every job.
 IMAGEGEN_MODEL_NAME = env_str("IMAGEGEN_MODEL_NAME", "shapes")
 IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.name)
 # More versions a job may choose with its `model` field, each on its own lane
-# (gpu.<name>@<version>): "version=path,...", or "none". Default: the shipped distilled student
-# beside the shipped teacher, when the teacher is the served model (scheduling/catalogue.py).
-# shapes-v2 (issue 34: sharp shapes) is served beside them too, selectable and as the canary below.
-_shipped_student = BASE_DIR / "models" / "shapes-v1-lcm"
-_shipped_v2 = BASE_DIR / "models" / "shapes-v2"
+# (gpu.<name>@<version>): "version=path,...", or "none". Default: every other shipped model
+# beside a shipped default (scheduling/catalogue.py); none beside any other model.
 IMAGEGEN_EXTRA_MODELS = {
     version: str(Path(path) if Path(path).is_absolute() else BASE_DIR / path)
     for version, path in env_models(
         "IMAGEGEN_EXTRA_MODELS",
-        {m.name: str(m) for m in (_shipped_student, _shipped_v2) if (m / "model_index.json").exists()}
-        if IMAGEGEN_MODEL_PATH == _shipped_model else {},
+        {m.name: str(m) for m in _shipped if m != IMAGEGEN_MODEL_PATH} if _serving_shipped else {},
     ).items()
 }
 # OpenAI quality tiers sent to another served model when a request names none: "low=VERSION,...".
+_student = next((m.name for m in _shipped_students if m.name in IMAGEGEN_EXTRA_MODELS), None)
 IMAGEGEN_QUALITY_MODELS = {
     tier: version for tier, version in env_models(
-        "IMAGEGEN_QUALITY_MODELS", {"low": _shipped_student.name} if _shipped_student.name in IMAGEGEN_EXTRA_MODELS else {}
+        "IMAGEGEN_QUALITY_MODELS", {"low": _student} if _student else {}
     ).items() if version in IMAGEGEN_EXTRA_MODELS or version == IMAGEGEN_MODEL_VERSION
 }
 # Canary rollout: a share of new jobs goes to another version of the model, served by workers
 # started with that version's path on the queue gpu.<name>@<version>. `manage.py rollout`
 # compares the versions and moves queued jobs between them (promote / roll back).
-# Default: where the shipped models are served, shapes-v2 takes a tenth of the jobs that name no
-# model (its first stage of rollout: docs/model.md); elsewhere none.
-_v2_canary = _shipped_v2.name in IMAGEGEN_EXTRA_MODELS and IMAGEGEN_MODEL_PATH == _shipped_model
-IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", _shipped_v2.name if _v2_canary else "")
-IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.1 if _v2_canary else 0.0)
+IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", "")
+IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.0)
 IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
 # The prompt rewriter (a stage of its own, `rewrite`, between the prompt check and generation;
 # docs/rewriter.md): a small language model that turns free-form descriptions into the served
@@ -225,7 +228,7 @@ IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
 _shipped_rewriter = BASE_DIR / "models" / "rewriter-v2"
 IMAGEGEN_REWRITER_PATH = env_str(
     "IMAGEGEN_REWRITER_PATH",
-    str(_shipped_rewriter) if IMAGEGEN_MODEL_PATH == _shipped_model and (_shipped_rewriter / "config.json").exists() else "",
+    str(_shipped_rewriter) if _serving_shipped and (_shipped_rewriter / "config.json").exists() else "",
 )
 # What a request's `rewrite: auto` (and every OpenAI-route request) means: on or off. On by
 # default wherever a rewriter is configured.

@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"(password in {var / 'redis' / 'password'})")
 
         model_path = Path(env.get("IMAGEGEN_MODEL_PATH", ""))
-        shipped = ROOT / "models" / "shapes-v1" / "model_index.json"
-        if not env.get("IMAGEGEN_MODEL_PATH") and not shipped.exists():
+        shipped = [ROOT / "models" / name / "model_index.json" for name in ("shapes-v2", "shapes-v1")]
+        if not env.get("IMAGEGEN_MODEL_PATH") and not any(m.exists() for m in shipped):
             model_path = var / "models" / "tiny-random"
             if not (model_path / "model_index.json").exists():
                 log("no trained model shipped: writing a tiny random pipeline (it makes noise)")

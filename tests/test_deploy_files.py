@@ -302,7 +302,7 @@ def test_the_image_holds_every_package_the_service_imports_and_the_shipped_model
                     top = name.split(".")[0]
                     if top in tops:
                         assert top in copied_tops or top + ".py" in copied_tops, f"{py.relative_to(ROOT)} imports {top}, not in the image"
-    for needed in ("templates", "static", "safety/policy.json", "models/shapes-v1/model_index.json"):
+    for needed in ("templates", "static", "safety/policy.json", "models/shapes-v2/model_index.json", "models/shapes-v1/model_index.json"):
         assert in_image(app / needed) is not None, f"{needed} is not in the image"
     paths = [c.env["IMAGEGEN_MODEL_PATH"] for c in manifest() if "IMAGEGEN_MODEL_PATH" in c.env]
     assert paths

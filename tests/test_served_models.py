@@ -163,7 +163,9 @@ SHIPPED = Path(__file__).resolve().parents[1] / "models"
 STUDENT = "shapes-v1-lcm"
 
 
-def test_the_shipped_deployment_serves_the_teacher_and_its_distilled_student():
+def test_the_shipped_deployment_serves_v2_by_default_and_keeps_v1_and_its_student():
+    """Issue 34: shapes-v2 is the default; shapes-v1 stays served (its old jobs regenerate) and so
+    does its distilled student, the OpenAI "low" tier; no canary once promoted."""
     import os
     import subprocess
     import sys
@@ -171,14 +173,18 @@ def test_the_shipped_deployment_serves_the_teacher_and_its_distilled_student():
     env = {k: v for k, v in os.environ.items() if k not in ("IMAGEGEN_MODEL_PATH", "IMAGEGEN_MODEL_VERSION")}
     out = subprocess.run([sys.executable, "manage.py", "served_models"], cwd=SHIPPED.parent, env=env,
                          capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
-    assert out[0].startswith("shapes-v1 ") and "gpu.shapes " in out[0] and out[0].rstrip().endswith("/models/shapes-v1")
-    assert out[1].startswith(f"{STUDENT} ") and f"gpu.shapes@{STUDENT}" in out[1] and "steps   1" in out[1]
-    # shapes-v2 beside them (issue 34), at its own guidance, and the canary of the jobs naming no model
-    assert out[2].startswith("shapes-v2 ") and "gpu.shapes@shapes-v2 " in out[2] and "guidance 6" in out[2]
-    canary = subprocess.run([sys.executable, "manage.py", "shell", "-c", "from django.conf import settings; "
-                             "print(settings.IMAGEGEN_CANARY_VERSION, settings.IMAGEGEN_CANARY_SHARE)"],
-                            cwd=SHIPPED.parent, env=env, capture_output=True, text=True, timeout=120, check=True)
-    assert canary.stdout.splitlines()[-1].split() == ["shapes-v2", "0.1"]
+    assert out[0].startswith("shapes-v2 ") and "gpu.shapes " in out[0] and out[0].rstrip().endswith("/models/shapes-v2")
+    assert out[1].startswith("shapes-v1 ") and "gpu.shapes@shapes-v1 " in out[1]
+    assert out[2].startswith(f"{STUDENT} ") and f"gpu.shapes@{STUDENT}" in out[2] and "steps   1" in out[2]
+    shown = subprocess.run([sys.executable, "manage.py", "shell", "-c", "from django.conf import settings as s; "
+                            "print(s.IMAGEGEN_QUALITY_MODELS['low'], s.IMAGEGEN_CANARY_VERSION or '-', bool(s.IMAGEGEN_REWRITER_PATH))"],
+                           cwd=SHIPPED.parent, env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert shown.stdout.splitlines()[-1].split() == [STUDENT, "-", "True"]
+    # Rolling back: v1 as the default, v2 still served beside it.
+    back = subprocess.run([sys.executable, "manage.py", "served_models"], cwd=SHIPPED.parent,
+                          env={**env, "IMAGEGEN_MODEL_PATH": str(SHIPPED / "shapes-v1")},
+                          capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    assert back[0].startswith("shapes-v1 ") and "gpu.shapes " in back[0] and any(line.startswith("shapes-v2 ") for line in back)
 
 
 def test_a_job_naming_the_student_runs_on_its_lane_in_one_step_and_a_negative_prompt_is_refused(
