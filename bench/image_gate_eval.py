@@ -45,9 +45,39 @@ GOALS = {"plain": ("allow", 0.98), "other": ("allow", 0.95), "star": ("block", 0
 PALETTE = np.array([COLOURS[n] for n in COLOUR_NAMES], np.float32)
 
 
+def takes_negative(model: str) -> bool:
+    """Whether the served model takes a negative prompt (a guidance-distilled student does not,
+    so the policy's steering does not reach it: gpu_tasks/generate.py _steered)."""
+    config = json.loads((ROOT / model / "unet" / "config.json").read_text())
+    return not config.get("time_cond_proj_dim")
+
+
+def steering(model: str):
+    """item -> the negative prompt the service gives the model for the item's prompt: the policy's
+    steering (safety/image_policy.py "steer") minus the categories the real prompt check finds in
+    it; None where the model takes no negative prompt or the policy steers nothing."""
+    from safety import image_gate
+    from safety.prompt_filter import get_prompt_filter
+
+    policy = image_gate.image_policy()
+    if not policy.steer or not takes_negative(model):
+        return None
+    memo: dict[str, str] = {}
+
+    def negative_of(item) -> str:
+        if item.prompt not in memo:
+            result = get_prompt_filter().check(item.prompt, "")
+            asked = {result.category} if result.decision != "allow" and result.category else set()
+            memo[item.prompt] = policy.negative_prompt("", asked)
+        return memo[item.prompt]
+
+    return negative_of
+
+
 def eval_images(pipe_holder: dict, data: Path, width: int, height: int, n: int, model: str = "models/shapes-v1",
-                steps: int = 20, guidance: float = 6.0):
-    """(images, items) for the first n eval items at this size, generating missing chunks."""
+                steps: int = 20, guidance: float = 6.0, negative_of=None):
+    """(images, items) for the first n eval items at this size, generating missing chunks
+    (`negative_of`: item -> its negative prompt; the empty one by default)."""
     from training import gen_classifier_data as gen
 
     chunks = -(-n // gen.CHUNK)
@@ -55,7 +85,7 @@ def eval_images(pipe_holder: dict, data: Path, width: int, height: int, n: int, 
         if not gen.chunk_path(data, "eval", width, height, c).exists():
             if "pipe" not in pipe_holder:
                 pipe_holder["pipe"] = gen.load_pipeline(str(ROOT / model))
-            gen.make_chunk(pipe_holder["pipe"], data, "eval", width, height, c, steps, guidance)
+            gen.make_chunk(pipe_holder["pipe"], data, "eval", width, height, c, steps, guidance, negative_of)
     arrays = gen.load(data, "eval", width, height, n)
     items = [eval_item(width, height, i) for i in range(n)]
     assert [it.prompt for it in items] == [str(p) for p in arrays["prompts"]], "cached eval chunks are stale"
@@ -193,32 +223,40 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--guidance", type=float, default=6.0)
     p.add_argument("--sizes", default=None, help="WxH,... (default: the whole menu)")
+    p.add_argument("--no-steer", action="store_true", help="give every prompt the empty negative prompt, not the "
+                   "policy's steering as the service does (safety/image_policy.py)")
     p.add_argument("--n", type=int, default=240, help="images per size (a multiple of 4: four groups)")
     p.add_argument("--classifier", default=f"shapes:{ROOT / 'models' / 'shapes-classifier-v2'}")
     p.add_argument("--compare", default=f"shapes:{ROOT / 'models' / 'shapes-classifier-v1'}")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "image_gate_eval.json"))
     a = p.parse_args()
-    if a.data is None:
-        default = a.model.rstrip("/").endswith("shapes-v1") and a.steps == 20 and a.guidance == 6.0
-        a.data = "/tmp/imagegen-clfdata" if default else f"/tmp/imagegen-clfdata-{Path(a.model).name}-{a.steps}-{a.guidance:g}"
     sizes = [tuple(int(v) for v in s.split("x")) for s in a.sizes.split(",")] if a.sizes else SIZES_MENU
     import django
     import torch
 
     torch.set_num_threads(1)
     django.setup()
+    negative_of = None if a.no_steer else steering(a.model)
+    if a.data is None:
+        default = a.model.rstrip("/").endswith("shapes-v1") and a.steps == 20 and a.guidance == 6.0 and negative_of is None
+        a.data = "/tmp/imagegen-clfdata" if default else f"/tmp/imagegen-clfdata-{Path(a.model).name}-{a.steps}-{a.guidance:g}"
+        if negative_of is not None:
+            from safety import image_gate
+
+            a.data += "-steered-" + image_gate.image_policy().version
     holder: dict = {}
     star_ref = star_threshold()
     result = {"command": "python bench/image_gate_eval.py " + " ".join(sys.argv[1:]), "classifier": a.classifier,
               "compare": a.compare, "goals": {g: {"decision": w, "rate": r} for g, (w, r) in GOALS.items()},
               "generator": f"{a.model}, {a.steps} steps, guidance {a.guidance:g}", "sizes": {},
+              "steered": negative_of is not None,
               "starness_reference": star_ref}
     alt_policy = benign_first_policy(a.classifier)
     if alt_policy:
         result["benign_first_thresholds"] = json.loads(Path(alt_policy).read_text())["image"]["classifiers"]
     all_images = []
     for width, height in sizes:
-        images, items = eval_images(holder, Path(a.data), width, height, a.n, a.model, a.steps, a.guidance)
+        images, items = eval_images(holder, Path(a.data), width, height, a.n, a.model, a.steps, a.guidance, negative_of)
         all_images += images
         size = f"{width}x{height}"
         entry = {"gate": table(items, judge_all(a.classifier, images))}

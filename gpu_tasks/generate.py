@@ -31,7 +31,7 @@ import queue
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC
 
 from django.conf import settings
@@ -48,6 +48,8 @@ from jobs.media.storage import delete_quietly, is_transient, quarantine_storage,
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from jobs.pipeline import stages
 from jobs.realtime import events
+from safety import image_gate
+from safety.models import SafetyVerdict
 from scheduling import catalogue, costs, heartbeats, scheduler
 
 log = logging.getLogger(__name__)
@@ -186,6 +188,7 @@ class Runner:
             if not jobs:
                 actions.close_empty(batch.id)
                 return
+        rows = _steered(model, rows, jobs)
         job_ids = [str(job.id) for job in jobs]
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image
@@ -361,7 +364,7 @@ class Runner:
     def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
         # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py) and
         # its content credentials signed (jobs/media/credentials.py), here on an encoder thread.
-        parameters = encoding.ImageParameters.of(job, row.seed)
+        parameters = encoding.ImageParameters.of(job, row.seed, row.negative_prompt)
         encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
         encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
         try:
@@ -411,6 +414,26 @@ def _refused(model, rows: list[Row], guidance_scale: float) -> dict[str, str]:
         if why and row.job_id not in out:
             out[row.job_id] = why
     return out
+
+
+def _steered(model, rows: list[Row], jobs: list[GenerationJob]) -> list[Row]:
+    """The rows with the policy's steering in their negative prompts (safety/image_policy.py,
+    "steer": away from what the image gate refuses, unless the prompt check found that category
+    in the job's prompt or its rewrite), on a model that takes a negative prompt; as they were on
+    one that takes none (a distilled student, the simulated accelerator)."""
+    takes_none = getattr(model, "negative_prompt_refusal", None)
+    if takes_none is None or takes_none() is not None:
+        return rows
+    policy = image_gate.image_policy()
+    if not policy.steer:
+        return rows
+    asked: dict[str, set[str]] = {}
+    found = (SafetyVerdict.objects.filter(job__in=jobs, stage__in=("prompt", "rewrite"))
+             .exclude(decision="allow").values_list("job_id", "category"))
+    for job_id, category in found:
+        asked.setdefault(str(job_id), set()).add(category)
+    return [replace(row, negative_prompt=policy.negative_prompt(row.negative_prompt, asked.get(row.job_id, set())))
+            for row in rows]
 
 
 class _Abandoned(Exception):

@@ -69,6 +69,11 @@ def _specs() -> list[str]:
     return specs
 
 
+def image_policy() -> ImagePolicy:
+    """The configured policy's image part (read afresh: under a millisecond), or ImageGateError."""
+    return _policy()
+
+
 def _policy() -> ImagePolicy:
     try:
         return load_image_policy(settings.IMAGEGEN_SAFETY_POLICY)

@@ -6,7 +6,8 @@
         "shapes-classifier-v2": {"labels": {"star": {...}, "heart": {...}}},
         "nudenet": {"labels": {"FEMALE_GENITALIA_EXPOSED": {"category": "sexual_explicit", ...}}}
       },
-      "categories": {"demo_forbidden": {"user_reason": {"block": "...", "review": "..."}}}
+      "categories": {"demo_forbidden": {"user_reason": {"block": "...", "review": "..."}}},
+      "steer": {"demo_forbidden": "a star", "demo_borderline": "a heart"}
     }
 
 Each classifier is judged by its own section of ``classifiers``, found by the first of its
@@ -18,6 +19,14 @@ the classifier can produce; safety/image_gate.py checks that when the classifier
 ``categories`` gives, per category, the sentence a person is shown ("this image looks like a
 star, which this demo's policy does not allow"); a category without one falls back to the
 prompt side's ``description`` ("This image appears to show <description>.").
+
+``steer`` names, per category, a phrase the generator is steered away from: on a model that takes
+a negative prompt, the phrases of every category the prompt check did not find in the prompt go
+before the user's own negative prompt (``ImagePolicy.negative_prompt``). A generator asked for
+nothing in particular (a prompt it cannot read) then draws what the gate refuses far less often,
+so ordinary prompts are delivered; a prompt that names the category (a heart a moderator let
+through) is not steered away from it; and every image is still judged by the gate. The phrases
+are part of the policy, so of its version and of the result cache's key.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from typing import Any
 from .policy_base import ImagePolicySpec, LabelRuleSpec, validate
 
 DECISIONS = ("review", "block")
+STEER_JOIN = " and "  # the shapes models read their caption grammar ("a star and a heart"); a comma is outside it
 
 
 class ImagePolicyError(ValueError):
@@ -50,6 +60,15 @@ class ImagePolicy:
     default: dict[str, LabelRule]
     classifiers: dict[str, dict[str, LabelRule]]
     user_reasons: dict[str, dict[str, str]] = field(default_factory=dict)  # category -> decision -> text
+    steer: dict[str, str] = field(default_factory=dict)  # category -> phrase steered away from
+
+    def negative_prompt(self, user_negative: str, asked: set[str] | frozenset[str] = frozenset()) -> str:
+        """The negative prompt a generation is given: the steering phrases of the categories not
+        in ``asked`` (those the prompt check found in the prompt), then the user's own."""
+        parts = [phrase for category, phrase in self.steer.items() if category not in asked]
+        if user_negative.strip():
+            parts.append(user_negative)
+        return STEER_JOIN.join(parts)
 
     def section_for(self, policy_keys: tuple[str, ...]) -> tuple[str, dict[str, LabelRule]]:
         """(name of the section used, its rules) for a classifier with these keys."""
@@ -84,7 +103,7 @@ def parse_image_policy(data: Any, source: str = "<policy>") -> ImagePolicy:
                             if decision == "block" else
                             f"This image may show {what}; it is held until a moderator has checked it.")
                     user_reasons.setdefault(rule.category, {})[decision] = text
-    return ImagePolicy(spec.version, default, classifiers, user_reasons)
+    return ImagePolicy(spec.version, default, classifiers, user_reasons, dict(spec.image.steer))
 
 
 def load_image_policy(path: str | Path) -> ImagePolicy:

@@ -193,6 +193,9 @@ class ImageSpec(BaseModel):
     labels: dict[str, LabelRuleSpec] = {}
     classifiers: dict[str, ClassifierSection] = {}
     categories: dict[str, CategoryTexts] = {}
+    # category -> a phrase the generator is steered away from (a negative prompt) unless the
+    # prompt check found that category in the prompt (safety/image_policy.py, "steer")
+    steer: dict[str, Text] = {}
 
     def unknown_categories(self, known: set[str]) -> str | None:
         """The first place that names a category the policy does not have, and the reason."""
@@ -205,6 +208,9 @@ class ImageSpec(BaseModel):
         for name in self.categories:
             if name not in known:
                 return f"image.categories['{name}']: unknown category"
+        for name in self.steer:
+            if name not in known:
+                return f"image.steer['{name}']: unknown category"
         return None
 
 

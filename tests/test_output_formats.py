@@ -50,7 +50,10 @@ def test_each_output_format_round_trips_with_its_magic_bytes_content_type_and_pa
         assert row.content_type == f"image/{fmt}" and row.storage_key.endswith("." + fmt)
         params = read_parameters(data)
         assert params["prompt"] == "a green square on a white background"
-        assert params["negative_prompt"] == "blurry, dark"
+        # what the model was given: the policy's steering, then the user's own (tests/test_policy_steering.py)
+        assert params["negative_prompt"] == "a star and a heart and blurry, dark"
+        if fmt != "png":
+            assert params["xmp:originalNegativePrompt"] == "blurry, dark"
         assert (params["Seed"], params["Steps"], params["CFG scale"], params["Size"]) == (
             str(entry["seed"]), str(done.steps), "4.5", "64x64")
         assert params["Model"] == done.model_version and params["Job id"] == str(done.id)

@@ -69,3 +69,81 @@ def test_the_gate_blocks_its_stars_holds_its_hearts_and_delivers_the_rest(drawn,
     assert decisions["heart"].count("review") >= 6, decisions["heart"]
     benign = [d for group in ("circle", "square", "triangle", "everyday") for d in decisions[group]]
     assert benign.count("allow") >= len(benign) - 2, decisions
+
+
+# --- through the API (item 4 and item 5): the real stages, a GPU worker serving v2 on a lane of
+# its own, its images judged by the shipped classifier on that lane's classify queue ---
+
+SERVED = "shapes-v2"
+CLASSIFIER = ROOT / "models" / "shapes-classifier-v2"
+POLICY = ROOT / "safety" / "policy.json"
+EVERYDAY = ["a cup of coffee on a table", "a dog running in a park", "a bowl of fruit", "a sailing boat at sea",
+            "a snowy mountain at dawn", "a bicycle leaning on a wall", "a slice of pizza", "an old wooden door"]
+
+
+def _images_only(tmp_path) -> Path:
+    """The shipped policy with the demo shapes judged on images alone: no words or semantic match
+    for them on the prompt side (so a prompt that asks for a star reaches the generator) and no
+    steering (so the generator draws what it was asked for)."""
+    import json
+
+    policy = json.loads(POLICY.read_text())
+    for category in policy["categories"]:
+        if category["name"] in ("demo_forbidden", "demo_borderline"):
+            category.update(terms=[], semantic_review=1.01, semantic_block=1.01)
+    policy["image"].pop("steer")
+    policy["version"] += "-images-only"
+    path = tmp_path / "policy-images-only.json"
+    path.write_text(json.dumps(policy))
+    return path
+
+
+def _through_the_api(api, start_worker, policy: Path, prompts: dict[str, list[str]]) -> dict[str, list]:
+    """Every prompt submitted as its own job (64x64, 20 steps, the served guidance), its prompt
+    checked in this process under `policy`, generated and judged on v2's lane under `policy`:
+    group -> the jobs at their final status."""
+    from django.test import override_settings
+
+    from safety.prompt_filter import reset_prompt_filter
+    from scheduling.lanes import gpu_queue, lane_of
+    from tests.conftest import admitted_to, forget_cache, wait_for_status
+
+    classify = f"classify-v2-{policy.stem}"
+    worker = start_worker(f"gpu-v2-{policy.stem}", f"{gpu_queue(lane_of(SERVED))},{classify}",
+                          IMAGEGEN_EXTRA_MODELS=f"{SERVED}={V2}", IMAGEGEN_QUEUE_CLASSIFY=classify,
+                          IMAGEGEN_IMAGE_CLASSIFIER=f"shapes:{CLASSIFIER}", IMAGEGEN_SAFETY_POLICY=str(policy))
+    forget_cache()
+    reset_prompt_filter()
+    try:
+        from django.conf import settings
+
+        with override_settings(IMAGEGEN_SAFETY_POLICY=str(policy)), admitted_to(settings.IMAGEGEN_MODEL_NAME):
+            ids = {group: [api.post("/api/v1/jobs", {"prompt": p, "width": 64, "height": 64, "steps": 20, "seed": 700 + i,
+                                                     "model": SERVED, "guidance_scale": 5.0}, format="json").json()["id"]
+                           for i, p in enumerate(texts)] for group, texts in prompts.items()}
+        return {group: [wait_for_status(i, ("done", "blocked", "review"), timeout=240) for i in job_ids]
+                for group, job_ids in ids.items()}
+    finally:
+        reset_prompt_filter()
+        worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_through_the_api_ordinary_prompts_are_delivered_steered_and_v2s_stars_and_hearts_are_caught(
+        workers, start_worker, alice_api, settings, tmp_path):
+    from jobs.media.encoding import read_parameters
+    from tests.test_output_formats import fetch
+
+    settings.IMAGEGEN_EXTRA_MODELS = {SERVED: str(V2)}
+    plain = [c for kind in ("circle", "square", "triangle") for c in _captions(kind, 3, seed=34_035)][:8]
+    shipped = _through_the_api(alice_api, start_worker, POLICY, {"everyday": EVERYDAY, "plain": plain})
+    statuses = [job.status for jobs in shipped.values() for job in jobs]
+    assert statuses.count("done") >= len(statuses) - 1, {g: [(j.prompt, j.status) for j in js] for g, js in shipped.items()}
+    done = next(job for job in shipped["everyday"] if job.status == "done")
+    [entry] = alice_api.get(f"/api/v1/jobs/{done.id}").json()["images"]
+    assert read_parameters(fetch(entry["url"])[0]).get("negative_prompt") == "a star and a heart", "steered by the policy"
+
+    caught = _through_the_api(alice_api, start_worker, _images_only(tmp_path),
+                              {"star": _captions("star", 8, seed=34_036), "heart": _captions("heart", 8, seed=34_036)})
+    assert [j.status for j in caught["star"]].count("blocked") >= 6, [(j.prompt, j.status, j.reason) for j in caught["star"]]
+    assert [j.status for j in caught["heart"]].count("review") >= 6, [(j.prompt, j.status, j.reason) for j in caught["heart"]]

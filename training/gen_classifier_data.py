@@ -44,13 +44,14 @@ def load_pipeline(model: str, threads: int = 1):
 
 
 def generate(pipe, items: list[Item], width: int, height: int, steps: int = STEPS,
-             guidance: float = GUIDANCE) -> np.ndarray:
-    """uint8 (N, height, width, 3): the service's way of making one batch."""
+             guidance: float = GUIDANCE, negatives: list[str] | None = None) -> np.ndarray:
+    """uint8 (N, height, width, 3): the service's way of making one batch (`negatives`: each
+    item's negative prompt, e.g. the policy's steering; none by default)."""
     import torch
 
     generators = [torch.Generator(device="cpu").manual_seed(it.seed) for it in items]
     with torch.inference_mode():
-        out = pipe(prompt=[it.prompt for it in items], negative_prompt=["" for _ in items], width=width,
+        out = pipe(prompt=[it.prompt for it in items], negative_prompt=negatives or ["" for _ in items], width=width,
                    height=height, num_inference_steps=steps, guidance_scale=guidance, generator=generators,
                    output_type="pil")
     return np.stack([np.asarray(im.convert("RGB")) for im in out.images])
@@ -61,12 +62,12 @@ def chunk_path(root: Path, split: str, width: int, height: int, chunk: int) -> P
 
 
 def make_chunk(pipe, root: Path, split: str, width: int, height: int, chunk: int, steps: int = STEPS,
-               guidance: float = GUIDANCE) -> Path:
+               guidance: float = GUIDANCE, negative_of=None) -> Path:
     path = chunk_path(root, split, width, height, chunk)
     if path.exists():
         return path
     items = [item(split, width, height, i) for i in range(chunk * CHUNK, (chunk + 1) * CHUNK)]
-    images = generate(pipe, items, width, height, steps, guidance)
+    images = generate(pipe, items, width, height, steps, guidance, [negative_of(it) for it in items] if negative_of else None)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, images=images, prompts=np.array([it.prompt for it in items]),

@@ -80,16 +80,23 @@ class ImageParameters:
     # (`prompt` is always what the image model was given).
     original_prompt: str = ""
     rewriter: str = ""
+    # Where the safety policy's steering changed the negative prompt (safety/image_policy.py,
+    # "steer"): `negative_prompt` is what the model was given, this is the user's own.
+    original_negative_prompt: str | None = None
 
     @classmethod
-    def of(cls, job: Any, seed: int) -> ImageParameters:
-        """For one image of a job. A regeneration names the job it regenerates, so its file comes
-        out byte for byte the same as the dropped one."""
+    def of(cls, job: Any, seed: int, given_negative: str | None = None) -> ImageParameters:
+        """For one image of a job; `given_negative`: the negative prompt the model was given, where
+        the worker knows it. A regeneration names the job it regenerates, so its file comes out
+        byte for byte the same as the dropped one."""
         drawn = getattr(job, "drawn_prompt", job.prompt)
         rewritten = drawn != job.prompt
+        steered = given_negative is not None and given_negative != job.negative_prompt
         return cls(
             prompt=drawn, original_prompt=job.prompt if rewritten else "",
-            rewriter=job.rewriter_version if rewritten else "", negative_prompt=job.negative_prompt, seed=int(seed),
+            rewriter=job.rewriter_version if rewritten else "",
+            negative_prompt=given_negative if steered and given_negative is not None else job.negative_prompt,
+            original_negative_prompt=job.negative_prompt if steered else None, seed=int(seed),
             steps=job.steps,
             guidance_scale=float(job.guidance_scale), width=job.width, height=job.height,
             model_version=job.model_version, job_id=str(getattr(job, "regenerates", None) or job.id),
@@ -121,6 +128,8 @@ class ImageParameters:
             "height": str(self.height), "modelVersion": self.model_version, "jobId": self.job_id,
             "levers": self.scheduler,
             **({"originalPrompt": self.original_prompt, "rewriter": self.rewriter} if self.original_prompt else {}),
+            **({"originalNegativePrompt": self.original_negative_prompt}
+               if self.original_negative_prompt is not None else {}),
         }
 
 

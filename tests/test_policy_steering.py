@@ -1,0 +1,86 @@
+"""The policy's steering (safety/image_policy.py, "steer"; issue 34, item 5): a model that takes a
+negative prompt is steered away from what the image gate refuses, unless the prompt check found
+that category in the prompt; the image file records what the model was given."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jobs.media.encoding import read_parameters
+from safety.image_policy import ImagePolicyError, parse_image_policy
+from tests.conftest import wait_for_status
+from tests.test_generation import submit
+from tests.test_output_formats import fetch
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CATEGORIES = [{"name": "demo_forbidden"}, {"name": "demo_borderline"}]
+
+
+def _policy(steer: dict) -> dict:
+    return {"version": "t-1", "categories": CATEGORIES,
+            "image": {"labels": {"star": {"category": "demo_forbidden", "review": 0.5, "block": 0.6}}, "steer": steer}}
+
+
+def test_the_negative_prompt_is_the_steering_of_every_category_not_asked_for_then_the_users_own():
+    policy = parse_image_policy(_policy({"demo_forbidden": "a star", "demo_borderline": "a heart"}))
+    assert policy.negative_prompt("") == "a star and a heart"
+    assert policy.negative_prompt("blurry") == "a star and a heart and blurry"
+    assert policy.negative_prompt("blurry", {"demo_borderline"}) == "a star and blurry", "a heart the prompt asked for"
+    assert policy.negative_prompt("", {"demo_forbidden", "demo_borderline"}) == ""
+    assert parse_image_policy(_policy({})).negative_prompt("x") == "x"
+
+
+@pytest.mark.parametrize("steer, says", [({"no_such": "a star"}, "image.steer['no_such']: unknown category"),
+                                         ({"demo_forbidden": ""}, "steer")])
+def test_a_malformed_steer_names_where(steer, says):
+    with pytest.raises(ImagePolicyError, match=r"steer"):
+        parse_image_policy(_policy(steer))
+    with pytest.raises(ImagePolicyError) as err:
+        parse_image_policy(_policy(steer))
+    assert says in str(err.value)
+
+
+def test_the_shipped_policy_steers_the_demo_shapes():
+    from django.conf import settings
+
+    steer = json.loads(open(settings.IMAGEGEN_SAFETY_POLICY).read())["image"]["steer"]
+    assert steer == {"demo_forbidden": "a star", "demo_borderline": "a heart"}
+
+
+def test_the_gpu_worker_steers_a_model_that_takes_a_negative_prompt_and_not_one_that_takes_none(alice, tiny_model):
+    from gpu_tasks.generate import _steered
+    from gpu_tasks.pipeline import Row, get_model
+    from jobs.models import GenerationJob
+    from safety.models import SafetyVerdict
+
+    plain, heart = (GenerationJob.objects.create(owner=alice, prompt=p, width=64, height=64, steps=2, guidance_scale=5,
+                                                 seed=1, model_version="v") for p in ("a zebra", "a red heart"))
+    SafetyVerdict.objects.create(job=plain, stage="prompt", decision="allow", category="", policy_version="p")
+    SafetyVerdict.objects.create(job=heart, stage="prompt", decision="review", category="demo_borderline",
+                                 policy_version="p")
+    rows = [Row(str(plain.id), 0, "a zebra", "", 1), Row(str(heart.id), 0, "a red heart", "dark", 2)]
+    model = get_model()  # the tiny pipeline: classifier-free guidance, takes a negative prompt
+    assert model.negative_prompt_refusal() is None
+    steered = _steered(model, rows, [plain, heart])
+    assert [r.negative_prompt for r in steered] == ["a star and a heart", "a star and dark"]
+    assert [(r.prompt, r.seed) for r in steered] == [(r.prompt, r.seed) for r in rows]
+
+    class Student:  # a guidance-distilled model: a negative prompt would be refused, so none is added
+        def negative_prompt_refusal(self):
+            return "this model has its guidance distilled in"
+
+    assert _steered(Student(), rows, [plain, heart]) == rows
+
+
+def test_a_delivered_image_records_the_negative_prompt_the_model_was_given_and_the_users_own(workers, alice_api):
+    job = submit(alice_api, prompt="a green square on a white background", negative_prompt="blurry", seed=77,
+                 guidance_scale=4.5)
+    wait_for_status(job["id"], ("done",))
+    [entry] = alice_api.get(f"/api/v1/jobs/{job['id']}").json()["images"]
+    data, _ = fetch(entry["url"])
+    params = read_parameters(data)
+    assert params["negative_prompt"] == "a star and a heart and blurry"
+    assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["negative_prompt"] == "blurry", "the job shows the user's"
