@@ -12,7 +12,7 @@ from PIL import Image
 
 from jobs.media.encoding import ImageParameters, encode, read_parameters
 from jobs.models import Batch, GeneratedImage, GenerationJob
-from tests.conftest import wait_for_status
+from tests.conftest import wait_for_status, wait_until_cached
 from tests.test_generation import submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -113,6 +113,7 @@ def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice
     from jobs.media.storage import public_storage
 
     first = wait_for_status(submit(alice_api, prompt="a purple triangle", seed=9090, output_format="webp")["id"], ("done",))
+    wait_until_cached(first)  # the cache entry is written after the job is done
     original = first.images.get()
     batches = Batch.objects.count()
     again = submit(bob_api, prompt="a purple triangle", seed=9090, output_format="png")
@@ -124,6 +125,7 @@ def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice
     data, content_type = fetch(again["images"][0]["url"])
     assert content_type == "image/png" and magic_ok(data, "png")
     assert read_parameters(data)["Job id"] == again["id"]  # the file names the job that asked for it
+    assert read_parameters(data)["negative_prompt"] == "a star and a heart", "what the model was given, as the source says"
     webp, _ = fetch(alice_api.get(f"/api/v1/jobs/{first.id}").json()["images"][0]["url"])
     with Image.open(io.BytesIO(webp)) as a, Image.open(io.BytesIO(data)) as b:
         assert a.convert("RGB").tobytes() == b.convert("RGB").tobytes(), "the same pixels, re-encoded"

@@ -206,7 +206,10 @@ def in_format(job, cached: dict[int, object]) -> dict[int, object]:
             continue
         with public_storage().open(key, "rb") as fh:
             data = fh.read()
-        parameters = encoding.ImageParameters.of(job, int(job.seed) + index)
+        # the negative prompt the model was given (the policy's steering, gpu_tasks/generate.py),
+        # as the source file records it
+        given = encoding.read_parameters(data).get("negative_prompt", "")
+        parameters = encoding.ImageParameters.of(job, int(job.seed) + index, given)
         encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
         encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
         stored = store_quarantined(encoded.data, encoded.extension)
