@@ -147,3 +147,37 @@ def test_through_the_api_ordinary_prompts_are_delivered_steered_and_v2s_stars_an
                               {"star": _captions("star", 8, seed=34_036), "heart": _captions("heart", 8, seed=34_036)})
     assert [j.status for j in caught["star"]].count("blocked") >= 6, [(j.prompt, j.status, j.reason) for j in caught["star"]]
     assert [j.status for j in caught["heart"]].count("review") >= 6, [(j.prompt, j.status, j.reason) for j in caught["heart"]]
+
+
+STUDENT_V2 = ROOT / "models" / "shapes-v2-lcm"
+
+
+def test_the_v2_student_at_its_served_4_steps_draws_every_kind_in_one_pass_a_step():
+    """The distilled student of v2 (training/distill.py --teacher models/shapes-v2): the full run
+    (200 captions, bench/results/model_eval_v2_lcm.json) has it within 5 points of its teacher on
+    every figure at 4 steps; here 24 held-out captions at looser bounds, so a broken student (noise,
+    blobs, a scheduler mismatch) fails."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    from diffusers import AutoPipelineForText2Image
+
+    from bench.model_eval import eval_captions, figures, generate
+    from safety.shapes_classifier import ShapesClassifier
+
+    assert json.loads((STUDENT_V2 / "unet" / "config.json").read_text())["time_cond_proj_dim"] == 256
+    assert json.loads((STUDENT_V2 / "serving.json").read_text())["default_steps"] == 4
+    torch.set_num_threads(1)
+    pipe = AutoPipelineForText2Image.from_pretrained(str(STUDENT_V2), local_files_only=True)
+    pipe.set_progress_bar_config(disable=True)
+    calls: list[int] = []
+    hook = pipe.unet.register_forward_hook(lambda m, args, out: calls.append(args[0].shape[0]))
+    items = eval_captions(24)
+    try:
+        images, _ = generate(pipe, items, 4, 6.0, 24)
+    finally:
+        hook.remove()
+    assert calls == [24] * 4, "4 steps: 4 passes, no unconditional half"
+    f = figures(items, images, {"v1": ShapesClassifier.from_pretrained(ROOT / "models" / "shapes-classifier-v1")})
+    assert f["shape_colour_accuracy"] >= 0.9 and f["background_colour_accuracy"] >= 0.9, f
+    assert f["shape_kind_accuracy_v1"] >= 0.85 and f["shape_kind_accuracy_geometry"] >= 0.75, f
