@@ -211,3 +211,31 @@ def test_a_job_naming_the_student_runs_on_its_lane_in_one_step_and_a_negative_pr
         assert picture.std(axis=0).max() > 10, "a picture, not a flat field"
     finally:
         worker.stop()
+
+
+def test_an_allow_degrade_job_is_lowered_to_its_models_own_degrade_steps(fast_model, workers, start_worker, alice_api,
+                                                                         settings):
+    """A model's serving.json `degrade_steps` (shapes-v2: 12, where it still draws every kind; at
+    the deployment's 8 it does not) wins over IMAGEGEN_DEGRADE_STEPS for jobs on that model."""
+    from imagegen.redis_client import get_redis
+    from scheduling import scheduler
+    from scheduling.costs import COST_KEY
+
+    profile = json.loads((fast_model / "serving.json").read_text())
+    (fast_model / "serving.json").write_text(json.dumps({**profile, "degrade_steps": 3}))
+    settings.IMAGEGEN_EXTRA_MODELS = {FAST: str(fast_model)}  # read again
+    assert catalogue.get(FAST).degrade_steps == 3
+    worker = start_worker("gpu-fast-degrade", gpu_queue(lane_of(FAST)), IMAGEGEN_EXTRA_MODELS=f"{FAST}={fast_model}")
+    settings.IMAGEGEN_MAX_QUEUE_WAIT, settings.IMAGEGEN_DEGRADE_STEPS = 10, 1
+    r = get_redis()
+    r.delete(COST_KEY)
+    try:
+        r.hset(COST_KEY, scheduler.shape_key(FAST, 64, 64, 6, 1.5, ""), 100.0)  # measured: slow at 6 steps
+        r.hset(COST_KEY, scheduler.shape_key(FAST, 64, 64, 3, 1.5, ""), 0.05)
+        body = {"prompt": "a red circle", "steps": 6, "model": FAST, "width": 64, "height": 64, "allow_degrade": True}
+        job = alice_api.post("/api/v1/jobs", body, format="json").json()
+        assert (job["degraded"], job["requested_steps"], job["steps"]) == (True, 6, 3), json.dumps(job)
+        assert wait_for_status(job["id"], ("done",)).batch.steps == 3
+    finally:
+        r.delete(COST_KEY)
+        worker.stop()

@@ -148,3 +148,24 @@ def test_distill_runs_and_resumes_exactly(tmp_path):
     info = json.loads((resumed / "out" / "training_info.json").read_text())
     assert info["steps_run"] == 4 and info["trajectories"] == 8
     assert _image(pipe, "a red circle on a blue background", seed=0, steps=2).shape == (64, 64, 3)
+
+
+def test_a_student_can_learn_the_steered_teacher_on_prompts_outside_the_grammar():
+    """training/distill.py Mix: the teacher's prompts include out-of-grammar ones at the asked
+    share (deterministic per shard), and it is steered away from every steered kind the caption
+    does not name, as the service steers it (safety/policy.json image.steer)."""
+    from training.classifier_data import TRAIN_OOV
+    from training.distill import Mix, shard_captions
+
+    mix = Mix(0.25, ("star", "heart"))
+    assert mix.negative("a red circle on a blue background") == "a star and a heart"
+    assert mix.negative("a small red star on a blue background") == "a heart"
+    assert mix.negative("a red heart and a blue star on a white background") == ""
+    caps = shard_captions(777, 0, 400, mix)
+    assert caps == shard_captions(777, 0, 400, mix)
+    oov = sum(c in TRAIN_OOV for c in caps)
+    assert 60 <= oov <= 140, oov
+    plain = shard_captions(777, 0, 400)
+    assert not any(c in TRAIN_OOV for c in plain)
+    assert [c for c, p in zip(caps, plain, strict=True) if c not in TRAIN_OOV] == \
+        [p for c, p in zip(caps, plain, strict=True) if c not in TRAIN_OOV], "the in-grammar captions are unchanged"

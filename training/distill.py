@@ -36,6 +36,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -108,24 +109,47 @@ def guidance_embedding(n: int, w: float = GUIDANCE) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- trajectories
-def shard_captions(seed: int, index: int, n: int) -> list[str]:
+@dataclass(frozen=True)
+class Mix:
+    """What the teacher is shown besides captions in its grammar, and how it is steered.
+    oov_share: the share of prompts outside the grammar (training/classifier_data.py TRAIN_OOV,
+    disjoint from the evaluation's), so the student learns what the served teacher draws for a
+    prompt it cannot read. steer: kinds the teacher is steered away from unless the caption names
+    them, as the service steers a model that takes a negative prompt (safety/policy.json
+    image.steer: "a star and a heart"); a student takes no negative prompt, so it has to learn it."""
+
+    oov_share: float = 0.0
+    steer: tuple[str, ...] = ()
+
+    def negative(self, caption: str) -> str:
+        words = set(caption.split())
+        return " and ".join(f"a {kind}" for kind in self.steer if kind not in words and f"{kind}s" not in words)
+
+
+def shard_captions(seed: int, index: int, n: int, mix: Mix = Mix()) -> list[str]:
+    from training.classifier_data import TRAIN_OOV
+
     caps = []
     for i in range(n):
         rng = np.random.default_rng([seed, index, i])
         gt = random_gt(rng, p_two=0.25)
         caps.append(caption_for(gt, [bool(rng.random() >= 0.3) for _ in gt.shapes]))
+        if mix.oov_share and np.random.default_rng([seed, index, i, 1]).random() < mix.oov_share:
+            caps[-1] = TRAIN_OOV[int(np.random.default_rng([seed, index, i, 2]).integers(len(TRAIN_OOV)))]
     return caps
 
 
 @torch.no_grad()
-def teacher_trajectories(teacher, captions: list[str], seed: int, batch: int = 128) -> dict:
-    """Run the teacher as served (20 DPM-Solver++ steps, CFG 6) and keep every step's latent."""
+def teacher_trajectories(teacher, captions: list[str], seed: int, batch: int = 128, mix: Mix = Mix()) -> dict:
+    """Run the teacher as served (20 DPM-Solver++ steps, CFG 6, steered as `mix` says) and keep
+    every step's latent."""
     from diffusers import DPMSolverMultistepScheduler
 
     xs, x0s, encs = [], [], []
     for s in range(0, len(captions), batch):
         caps = captions[s:s + batch]
-        cond, uncond = teacher.encode_prompt(caps, "cpu", 1, True)
+        negatives = [mix.negative(c) for c in caps] if mix.steer else None
+        cond, uncond = teacher.encode_prompt(caps, "cpu", 1, True, negative_prompt=negatives)
         sched = DPMSolverMultistepScheduler.from_config(teacher.scheduler.config)
         sched.set_timesteps(TEACHER_STEPS)
         g = torch.Generator().manual_seed(seed * 1000 + s)
@@ -144,13 +168,13 @@ def teacher_trajectories(teacher, captions: list[str], seed: int, batch: int = 1
             "teacher_timesteps": [int(t) for t in sched.timesteps]}
 
 
-def get_shard(run: Path, teacher, kind: str, index: int, size: int) -> dict:
+def get_shard(run: Path, teacher, kind: str, index: int, size: int, mix: Mix = Mix()) -> dict:
     path = run / "traj" / f"{kind}_{index:03d}.pt"
     if path.exists():
         return torch.load(path, weights_only=False)
     seed = (TRAJ_SEED if kind == "train" else VAL_SEED) + index
     t = time.time()
-    d = teacher_trajectories(teacher, shard_captions(seed, index, size), seed)
+    d = teacher_trajectories(teacher, shard_captions(seed, index, size, mix), seed, mix=mix)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_save(d, path)
     log(f"generated {kind} shard {index} ({size} teacher trajectories) in {time.time() - t:.0f}s")
@@ -305,6 +329,10 @@ def main(argv=None):
     p.add_argument("--p-schedule", type=float, default=0.7,
                    help="share of samples at timesteps of the 1/2/4/8-step LCM schedules")
     p.add_argument("--ckpt-minutes", type=float, default=5.0)
+    p.add_argument("--oov-share", type=float, default=0.0,
+                   help="share of teacher prompts outside the caption grammar (Mix; 0: captions only)")
+    p.add_argument("--steer", default="", help="kinds the teacher is steered away from unless asked, e.g. "
+                   "star,heart (Mix; as the service steers the teacher; default: none)")
     p.add_argument("--export-only", action="store_true")
     args = p.parse_args(argv)
 
@@ -352,7 +380,8 @@ def main(argv=None):
                 "default_inference_steps": DEFAULT_STUDENT_STEPS, "default_guidance_scale": GUIDANCE,
                 "command": command, "args": vars(args), "threads": args.threads}
 
-    val = get_shard(run, teacher, "val", 0, args.val_size)
+    mix = Mix(args.oov_share, tuple(k for k in args.steer.split(",") if k))
+    val = get_shard(run, teacher, "val", 0, args.val_size, mix)
     validate = Validator(teacher, val, args.judge_size)
     data = Data()
     n_target = max(1, args.trajectories // args.shard_size)
@@ -407,7 +436,7 @@ def main(argv=None):
     loss_avg = None
     if step == 0 and not log_path.exists():
         for k in range(shards_for(0)):
-            data.add(get_shard(run, teacher, "train", k, args.shard_size))
+            data.add(get_shard(run, teacher, "train", k, args.shard_size, mix))
         checkpoint()                                   # step 0 = the teacher used as a one/few-step model
     last_ckpt = time.time()
     student.train()
@@ -415,7 +444,7 @@ def main(argv=None):
     t0, s0 = time.time(), step
     while step < args.steps and not stop.exists():
         while len(data.xt) < shards_for(step):
-            data.add(get_shard(run, teacher, "train", len(data.xt), args.shard_size))
+            data.add(get_shard(run, teacher, "train", len(data.xt), args.shard_size, mix))
         xt_all, x0_all, enc_all = data.cat
         i = rng.integers(len(x0_all), size=args.batch)
         sched_pick = rng.random(args.batch) < args.p_schedule

@@ -155,9 +155,11 @@ def count_prompt_check(user) -> None:
 
 
 def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bool, owner=None,
-                     tier: int = policy.INTERACTIVE, rewrite: bool = False) -> tuple[int, Estimate]:
-    """The steps to run with (lowered when degrading) and the estimate, or Refused. A job whose
-    prompt goes through the rewriter waits one measured rewriter pass more (scheduling/costs.py)."""
+                     tier: int = policy.INTERACTIVE, rewrite: bool = False,
+                     degrade_steps: int = 0) -> tuple[int, Estimate]:
+    """The steps to run with (lowered when degrading, to the model's `degrade_steps`, else
+    IMAGEGEN_DEGRADE_STEPS) and the estimate, or Refused. A job whose prompt goes through the
+    rewriter waits one measured rewriter pass more (scheduling/costs.py)."""
     extra = cost_model.recent_rewrite_seconds() if rewrite else 0.0
 
     def estimate_of(shape: str) -> Estimate:
@@ -179,8 +181,8 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
     if est.eta_seconds is None or est.eta_seconds <= max_wait:
         _accepted(shape)
         return steps, est
-    if allow_degrade and steps > settings.IMAGEGEN_DEGRADE_STEPS:
-        degraded_steps = settings.IMAGEGEN_DEGRADE_STEPS
+    degraded_steps = degrade_steps or settings.IMAGEGEN_DEGRADE_STEPS
+    if allow_degrade and steps > degraded_steps:
         degraded = estimate_of(shape_for_steps(degraded_steps))
         if degraded.eta_seconds is not None and degraded.eta_seconds <= max_wait * 1.5:
             _accepted(shape_for_steps(degraded_steps))

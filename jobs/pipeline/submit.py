@@ -16,7 +16,7 @@ from jobs.admission import control as admission
 from jobs.media import cache
 from jobs.models import GenerationJob
 from jobs.pipeline import rewrite, stages
-from scheduling import lanes, scheduler
+from scheduling import catalogue, lanes, scheduler
 
 
 def submit_job(owner, data: dict) -> GenerationJob:
@@ -70,7 +70,7 @@ def _submit(owner, data: dict) -> GenerationJob:
     if len(cached) < job.count:
         steps, job.estimate = admission.admit_or_degrade(
             shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
-            scheduler.tier_of(job.priority), rewrite=job.rewrite,
+            scheduler.tier_of(job.priority), rewrite=job.rewrite, degrade_steps=_degrade_steps(job.model_version),
         )
         if steps != job.steps:
             metrics.inc("imagegen_degraded_total")
@@ -101,3 +101,9 @@ def _integration_fields(data: dict) -> dict:
         "deadline_at": timezone.now() + timedelta(seconds=cancel_after) if cancel_after else None,
         "webhook_url": data.get("webhook_url") or "",
     }
+
+
+def _degrade_steps(version: str) -> int:
+    """What an allow_degrade job on this model is lowered to (its serving.json; 0: the setting)."""
+    served = catalogue.get(version)
+    return served.degrade_steps if served is not None else 0
