@@ -49,6 +49,7 @@ from jobs.models import Batch, GeneratedImage, GenerationJob
 from jobs.pipeline import stages
 from jobs.realtime import events
 from safety import image_gate
+from safety.image_policy import steered_negative
 from safety.models import SafetyVerdict
 from scheduling import catalogue, costs, heartbeats, scheduler
 
@@ -420,19 +421,24 @@ def _steered(model, rows: list[Row], jobs: list[GenerationJob]) -> list[Row]:
     """The rows with the policy's steering in their negative prompts (safety/image_policy.py,
     "steer": away from what the image gate refuses, unless the prompt check found that category
     in the job's prompt or its rewrite), on a model that takes a negative prompt; as they were on
-    one that takes none (a distilled student, the simulated accelerator)."""
+    one that takes none (a distilled student, the simulated accelerator). A job that carries its
+    steering (a regeneration: its original's) gets that; the others' is recorded on them."""
     takes_none = getattr(model, "negative_prompt_refusal", None)
     if takes_none is None or takes_none() is not None:
         return rows
-    policy = image_gate.image_policy()
-    if not policy.steer:
-        return rows
-    asked: dict[str, set[str]] = {}
-    found = (SafetyVerdict.objects.filter(job__in=jobs, stage__in=("prompt", "rewrite"))
-             .exclude(decision="allow").values_list("job_id", "category"))
-    for job_id, category in found:
-        asked.setdefault(str(job_id), set()).add(category)
-    return [replace(row, negative_prompt=policy.negative_prompt(row.negative_prompt, asked.get(row.job_id, set())))
+    steering = {str(job.id): job.steering for job in jobs if job.steering is not None}
+    todo = [job for job in jobs if job.steering is None]
+    if todo:
+        policy = image_gate.image_policy()
+        asked: dict[str, set[str]] = {}
+        found = (SafetyVerdict.objects.filter(job__in=todo, stage__in=("prompt", "rewrite"))
+                 .exclude(decision="allow").values_list("job_id", "category"))
+        for job_id, category in found:
+            asked.setdefault(str(job_id), set()).add(category)
+        made = {str(job.id): policy.steering(asked.get(str(job.id), set())) for job in todo}
+        actions.record_steering(made)
+        steering.update(made)
+    return [replace(row, negative_prompt=steered_negative(steering.get(row.job_id, ""), row.negative_prompt))
             for row in rows]
 
 

@@ -96,6 +96,11 @@ class GenerationJob(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     prompt = models.TextField()
     negative_prompt = models.TextField(blank=True, default="")
+    # The safety policy's steering the model was given before the user's negative prompt
+    # (safety/image_policy.py "steer"; gpu_tasks/generate.py records it when the job's pass is
+    # made): None until then, and for jobs made before steering existed. A regeneration carries
+    # its original's (jobs/pipeline/regenerate.py), "" where that is None, so it draws the same.
+    steering = models.TextField(null=True, blank=True)
     # The prompt rewriter (the `rewrite` stage, between the prompt check and generation): whether
     # this job goes through it, the rewriter's identity (its version and settings: part of the
     # request-hash cache key), what it wrote (the prompt drawn; the user's own when it kept it)

@@ -62,13 +62,14 @@ class ImagePolicy:
     user_reasons: dict[str, dict[str, str]] = field(default_factory=dict)  # category -> decision -> text
     steer: dict[str, str] = field(default_factory=dict)  # category -> phrase steered away from
 
+    def steering(self, asked: set[str] | frozenset[str] = frozenset()) -> str:
+        """The steering phrases of the categories not in ``asked`` (those the prompt check found
+        in the prompt), joined."""
+        return STEER_JOIN.join(phrase for category, phrase in self.steer.items() if category not in asked)
+
     def negative_prompt(self, user_negative: str, asked: set[str] | frozenset[str] = frozenset()) -> str:
-        """The negative prompt a generation is given: the steering phrases of the categories not
-        in ``asked`` (those the prompt check found in the prompt), then the user's own."""
-        parts = [phrase for category, phrase in self.steer.items() if category not in asked]
-        if user_negative.strip():
-            parts.append(user_negative)
-        return STEER_JOIN.join(parts)
+        """The negative prompt a generation is given: the steering, then the user's own."""
+        return steered_negative(self.steering(asked), user_negative)
 
     def section_for(self, policy_keys: tuple[str, ...]) -> tuple[str, dict[str, LabelRule]]:
         """(name of the section used, its rules) for a classifier with these keys."""
@@ -79,6 +80,11 @@ class ImagePolicy:
 
     def user_reason(self, category: str, decision: str) -> str:
         return self.user_reasons.get(category, {}).get(decision, "")
+
+
+def steered_negative(steering: str, user_negative: str) -> str:
+    """A steering (ImagePolicy.steering) put before the user's own negative prompt."""
+    return STEER_JOIN.join(part for part in (steering, user_negative) if part.strip())
 
 
 def _rules(labels: dict[str, LabelRuleSpec]) -> dict[str, LabelRule]:

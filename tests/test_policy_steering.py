@@ -74,6 +74,31 @@ def test_the_gpu_worker_steers_a_model_that_takes_a_negative_prompt_and_not_one_
 
     assert _steered(Student(), rows, [plain, heart]) == rows
 
+    # What each pass was given is recorded on its job; a job that carries one (a regeneration:
+    # its original's, "" for a job made before steering existed) gets exactly that.
+    plain.refresh_from_db()
+    heart.refresh_from_db()
+    assert (plain.steering, heart.steering) == ("a star and a heart", "a star")
+    old = GenerationJob.objects.create(owner=alice, prompt="a zebra", width=64, height=64, steps=2, guidance_scale=5,
+                                       seed=1, model_version="v", steering="")
+    SafetyVerdict.objects.create(job=old, stage="prompt", decision="allow", category="", policy_version="p")
+    [again] = _steered(model, [Row(str(old.id), 0, "a zebra", "dark", 1)], [old])
+    assert again.negative_prompt == "dark"
+
+
+def test_a_regeneration_carries_its_originals_steering(alice):
+    from jobs.models import GeneratedImage, GenerationJob
+    from jobs.pipeline.regenerate import regeneration_request
+
+    def image_of(steering):
+        job = GenerationJob.objects.create(owner=alice, prompt="a zebra", width=64, height=64, steps=2,
+                                           guidance_scale=5, seed=1, model_version="v", steering=steering)
+        return GeneratedImage.objects.create(job=job, index=0, seed=1, storage_key=f"i/{job.id}.png", width=64,
+                                             height=64, byte_size=1, sha256="0" * 64)
+
+    assert regeneration_request(image_of("a star and a heart"))["steering"] == "a star and a heart"
+    assert regeneration_request(image_of(None))["steering"] == "", "made before steering: regenerated without"
+
 
 def test_a_delivered_image_records_the_negative_prompt_the_model_was_given_and_the_users_own(workers, alice_api):
     job = submit(alice_api, prompt="a green square on a white background", negative_prompt="blurry", seed=77,

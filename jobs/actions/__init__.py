@@ -14,7 +14,14 @@ admitting a job to the scheduler wakes a GPU worker of its lane (scheduling.lane
     rewrites   the rewrite stage: waiting jobs claimed in one batch, the rewriter's prompt saved
 """
 
-from jobs.actions.batches import drop_unclaimed_batch, open_batch, pass_finished, pass_started, size_batch
+from jobs.actions.batches import (
+    drop_unclaimed_batch,
+    open_batch,
+    pass_finished,
+    pass_started,
+    record_steering,
+    size_batch,
+)
 from jobs.actions.delivery import (
     Outcome,
     Written,
@@ -77,7 +84,7 @@ from jobs.actions.verdicts import record_prompt_verdict
 
 __all__ = [
     "drop_unclaimed_batch", "record_views", "mark_bytes_dropped", "mark_cold", "mark_warm", "open_batch", "pass_finished",
-    "pass_started", "record_prompt_verdict", "settle_regeneration", "size_batch",
+    "pass_started", "record_prompt_verdict", "record_steering", "settle_regeneration", "size_batch",
     "Outcome", "ReviewError", "Written", "admit", "appeal", "approve", "attach_cached", "block_job", "cancel_job", "cancel_past_deadline",
     "claim_batch", "close_empty", "create_queued", "delete_job", "drain_unpublish", "reconcile_public", "enqueue", "fail_running", "fail_unstarted",
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",

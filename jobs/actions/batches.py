@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from jobs.models import Batch
+from jobs.models import Batch, GenerationJob
 
 
 def open_batch(shape: dict, cap: int, worker: str, lane: str) -> Batch:
@@ -33,3 +33,13 @@ def pass_started(batch_id) -> None:
 
 def pass_finished(batch_id, gpu_seconds: float, finished_at: datetime) -> None:
     Batch.objects.filter(id=batch_id).update(gpu_seconds=gpu_seconds, finished_at=finished_at)
+
+
+def record_steering(steering: dict[str, str]) -> None:
+    """The steering each job's pass was given (job id -> phrases), where none is recorded yet:
+    one statement per distinct steering (a batch has one or two)."""
+    by_value: dict[str, list[str]] = {}
+    for job_id, value in steering.items():
+        by_value.setdefault(value, []).append(job_id)
+    for value, ids in by_value.items():
+        GenerationJob.objects.filter(id__in=ids, steering=None).update(steering=value)

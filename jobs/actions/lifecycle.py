@@ -93,6 +93,7 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
     if job.rewrite:  # the same prompt through the same rewriter (the key says so): the same rewrite
         job.revised_prompt, job.rewriter_version = source.job.revised_prompt, source.job.rewriter_version
         job.rewritten_at = now
+    job.steering = source.job.steering  # the same pixels, made with the same steering (a regeneration needs it)
     with transaction.atomic():
         job.save()
         attach_cached(job, cached)

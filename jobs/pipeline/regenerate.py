@@ -63,6 +63,9 @@ def regeneration_request(image: GeneratedImage) -> dict:
         "variant": job.scheduler,  # the same levers (a quality tier's): others would too
         # The same rewrite: the rewriter decodes greedily, so the same version writes the same prompt.
         "rewrite": "on" if job.rewrite else "off",
+        # The same steering (safety/image_policy.py): the original's, or none for a job made
+        # before steering existed, whatever the policy steers now.
+        "steering": job.steering if job.steering is not None else "",
     }
 
 

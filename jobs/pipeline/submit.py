@@ -53,6 +53,7 @@ def _submit(owner, data: dict) -> GenerationJob:
         output_format=data.get("output_format") or "png",
         output_compression=data.get("output_compression"),
         regenerates=data.get("regenerates"),
+        steering=data.get("steering"),  # a regeneration's: its original's (jobs/pipeline/regenerate.py)
         scheduler=data.get("variant", ""),  # a quality tier's levers (gpu_tasks/levers.py)
         rewrite=rewrite.wanted(data.get("rewrite")),
         **_integration_fields(data),
