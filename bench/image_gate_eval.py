@@ -60,7 +60,9 @@ def steering(model: str):
     from safety.prompt_filter import get_prompt_filter
 
     policy = image_gate.image_policy()
-    if not policy.steer or not takes_negative(model):
+    profile = ROOT / model / "serving.json"
+    opted_out = profile.exists() and json.loads(profile.read_text()).get("steer") is False
+    if not policy.steer or not takes_negative(model) or opted_out:
         return None
     memo: dict[str, str] = {}
 

@@ -189,7 +189,9 @@ class Runner:
             if not jobs:
                 actions.close_empty(batch.id)
                 return
-        rows = _steered(model, rows, jobs)
+        served = catalogue.get(catalogue.version_of_lane(self.lane))
+        if served is None or served.steer:
+            rows = _steered(model, rows, jobs)
         job_ids = [str(job.id) for job in jobs]
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image

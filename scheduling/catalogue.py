@@ -18,7 +18,9 @@ A model folder may carry `serving.json` with its profile:
 Absent keys fall back to the deployment's defaults (IMAGEGEN_DEFAULT_STEPS, IMAGEGEN_BATCH_CAPS,
 IMAGEGEN_FILL_WAIT, IMAGEGEN_DEGRADE_STEPS and so on). `degrade_steps`: what an `allow_degrade`
 job on this model is lowered to under load (the fewest steps at which it still draws what it is
-asked; measured with bench/model_eval.py). `batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
+asked; measured with bench/model_eval.py). `steer: false`: the policy's steering is not applied to
+this model (shapes-v1: it drew no more ordinary prompts' images with it, bench/image_gate_eval.py).
+`batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
 --model-version V` suggests for that model (scheduling/scheduler.py applies them per version).
 """
 
@@ -50,6 +52,7 @@ class ServedModel:
     fill_wait: float | None  # seconds a partial pass waits for more; None: IMAGEGEN_FILL_WAIT
     negative_prompt: bool  # False: the model ignores one (guidance distilled in), so a job with one is a 400
     degrade_steps: int = 0  # steps an allow_degrade job gets under load; 0: IMAGEGEN_DEGRADE_STEPS
+    steer: bool = True  # False: the policy's steering is not applied to it (safety/image_policy.py)
 
     def as_json(self) -> dict:
         return {
@@ -79,7 +82,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
     measured = _profile(path)
     # degrade_steps is measured like the caps: the fewest steps at which the model still draws
     # what it is asked (models/shapes-v2: 12; at 8 its kinds drop to 83% by geometry, docs/model.md).
-    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps") if k in measured} if default else measured
+    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps", "steer") if k in measured} if default else measured
     max_steps = min(settings.IMAGEGEN_MAX_STEPS, int(prof.get("max_steps", settings.IMAGEGEN_MAX_STEPS)))
     steps = int(prof.get("default_steps", settings.IMAGEGEN_DEFAULT_STEPS))
     return ServedModel(
@@ -97,6 +100,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         negative_prompt=bool(prof.get("negative_prompt", True)),
         degrade_steps=max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, int(prof["degrade_steps"])))
         if prof.get("degrade_steps") else 0,
+        steer=bool(prof.get("steer", True)),
     )
 
 

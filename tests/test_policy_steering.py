@@ -109,3 +109,17 @@ def test_a_delivered_image_records_the_negative_prompt_the_model_was_given_and_t
     params = read_parameters(data)
     assert params["negative_prompt"] == "a star and a heart and blurry"
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["negative_prompt"] == "blurry", "the job shows the user's"
+
+
+def test_a_model_whose_profile_says_so_is_not_steered():
+    """shapes-v1's serving.json says "steer": false (steered, it delivered no more ordinary prompts
+    and fewer plain shapes: bench/results/image_gate_eval_v1_20_*.json); v2 and its student keep
+    the default, as the default version or beside it."""
+    from pathlib import Path
+
+    from scheduling.catalogue import _served_model
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    for default in (False, True):
+        assert _served_model("shapes-v1", models / "shapes-v1", default).steer is False
+        assert _served_model("shapes-v2", models / "shapes-v2", default).steer is True
