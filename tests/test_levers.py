@@ -193,7 +193,8 @@ def test_an_openai_request_of_a_tier_with_levers_runs_with_them_in_the_worker(wo
     assert read_parameters(data)["Levers"] == "cfg-cutoff=0.5"  # the file says how it was made
     made = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
     model = LoadedModel(settings.IMAGEGEN_MODEL_PATH, "cpu")
-    row = [Row("here", 0, prompt, "", job.seed)]
+    assert job.steering == "a star and a heart"  # the policy's steering, as the worker gave it (safety/image_policy.py)
+    row = [Row("here", 0, prompt, job.steering, job.seed)]
     with_cutoff = np.asarray(model.generate(row, 64, 64, 4, job.guidance_scale, variant="cfg-cutoff=0.5")[0])
     without = np.asarray(model.generate(row, 64, 64, 4, job.guidance_scale)[0])
     assert not np.array_equal(with_cutoff, without)
