@@ -223,7 +223,7 @@ def test_an_allow_degrade_job_is_lowered_to_its_models_own_degrade_steps(fast_mo
 
     profile = json.loads((fast_model / "serving.json").read_text())
     (fast_model / "serving.json").write_text(json.dumps({**profile, "degrade_steps": 3}))
-    settings.IMAGEGEN_EXTRA_MODELS = {FAST: str(fast_model)}  # read again
+    catalogue._catalogue.cache_clear()  # the profile changed on disk: read it again
     assert catalogue.get(FAST).degrade_steps == 3
     worker = start_worker("gpu-fast-degrade", gpu_queue(lane_of(FAST)), IMAGEGEN_EXTRA_MODELS=f"{FAST}={fast_model}")
     settings.IMAGEGEN_MAX_QUEUE_WAIT, settings.IMAGEGEN_DEGRADE_STEPS = 10, 1
@@ -239,3 +239,5 @@ def test_an_allow_degrade_job_is_lowered_to_its_models_own_degrade_steps(fast_mo
     finally:
         r.delete(COST_KEY)
         worker.stop()
+        (fast_model / "serving.json").write_text(json.dumps(profile))
+        catalogue._catalogue.cache_clear()
