@@ -14,6 +14,12 @@ Another served model or step count (issue 34: the gate on every served model at 
 count it serves): `--model models/shapes-v2 --steps 20`, `--model models/shapes-v1-lcm --steps 1`;
 its images are cached in a folder of their own.
 
+Prompts are steered as the service steers them (safety/image_policy.py "steer": the policy's
+phrases of the categories the real prompt check does not find in the prompt, as the negative
+prompt) on a model that takes a negative prompt and does not opt out in its serving.json;
+`--no-steer` gives every prompt the empty negative prompt (the old way). Steered images are cached
+in a folder named after the policy version.
+
 Judged by the real gate (safety.image_gate.judge, the policy file, batches of 8). Goals:
 plain allowed >= 98%, out of vocabulary allowed >= 95%, stars blocked >= 95%, hearts held for
 review >= 95%. --compare judges the same images with another classifier (the old one by default).
