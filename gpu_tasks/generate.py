@@ -189,9 +189,7 @@ class Runner:
             if not jobs:
                 actions.close_empty(batch.id)
                 return
-        served = catalogue.get(catalogue.version_of_lane(self.lane))
-        if served is None or served.steer:
-            rows = _steered(model, rows, jobs)
+        rows = _steered(model, catalogue.get(catalogue.version_of_lane(self.lane)), rows, jobs)
         job_ids = [str(job.id) for job in jobs]
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image
@@ -419,14 +417,15 @@ def _refused(model, rows: list[Row], guidance_scale: float) -> dict[str, str]:
     return out
 
 
-def _steered(model, rows: list[Row], jobs: list[GenerationJob]) -> list[Row]:
+def _steered(model, served, rows: list[Row], jobs: list[GenerationJob]) -> list[Row]:
     """The rows with the policy's steering in their negative prompts (safety/image_policy.py,
     "steer": away from what the image gate refuses, unless the prompt check found that category
-    in the job's prompt or its rewrite), on a model that takes a negative prompt; as they were on
-    one that takes none (a distilled student, the simulated accelerator). A job that carries its
-    steering (a regeneration: its original's) gets that; the others' is recorded on them."""
+    in the job's prompt or its rewrite), on a model that takes a negative prompt and whose
+    serving.json does not opt out (`served.steer`); as they were on one that takes none (a
+    distilled student, the simulated accelerator). A job that carries its steering (a
+    regeneration: its original's) gets that; the others' is recorded on them."""
     takes_none = getattr(model, "negative_prompt_refusal", None)
-    if takes_none is None or takes_none() is not None:
+    if takes_none is None or takes_none() is not None or (served is not None and not served.steer):
         return rows
     steering = {str(job.id): job.steering for job in jobs if job.steering is not None}
     todo = [job for job in jobs if job.steering is None]

@@ -71,10 +71,6 @@ def _specs() -> list[str]:
 
 def image_policy() -> ImagePolicy:
     """The configured policy's image part (read afresh: under a millisecond), or ImageGateError."""
-    return _policy()
-
-
-def _policy() -> ImagePolicy:
     try:
         return load_image_policy(settings.IMAGEGEN_SAFETY_POLICY)
     except ImagePolicyError as exc:
@@ -129,7 +125,7 @@ def check_classifier() -> list[str]:
     it takes work and /readyz does on each probe. Returns the versions in force ("none" for the
     opt-out); raises ImageGateError naming the problem."""
     classifiers = get_classifiers()
-    policy = _policy()
+    policy = image_policy()
     for classifier in classifiers:
         _rules_for(classifier, policy)
     return [c.version for c in classifiers] or ["none"]
@@ -192,7 +188,7 @@ def judge(images: list[Image.Image]) -> list[ImageJudgement]:
             ImageJudgement("allow", "unchecked", None, "unchecked: the image classifier is disabled by the operator", "none")
             for _ in images
         ]
-    policy = _policy()
+    policy = image_policy()
     rules = [_rules_for(c, policy) for c in classifiers]
     started = time.monotonic()
     try:

@@ -122,8 +122,10 @@ class Mix:
     steer: tuple[str, ...] = ()
 
     def negative(self, caption: str) -> str:
+        from safety.image_policy import STEER_JOIN
+
         words = set(caption.split())
-        return " and ".join(f"a {kind}" for kind in self.steer if kind not in words and f"{kind}s" not in words)
+        return STEER_JOIN.join(f"a {kind}" for kind in self.steer if kind not in words and f"{kind}s" not in words)
 
 
 def shard_captions(seed: int, index: int, n: int, mix: Mix = Mix()) -> list[str]:

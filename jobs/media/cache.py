@@ -197,6 +197,7 @@ def in_format(job, cached: dict[int, object]) -> dict[int, object]:
     so a moderator's take-down of either reaches both. Same format: shared as it is."""
     from jobs.media import credentials, encoding
     from jobs.media.storage import public_storage, publish_object, store_quarantined
+    from safety.image_policy import steered_negative
 
     out: dict[int, object] = {}
     for index, image in cached.items():
@@ -206,9 +207,9 @@ def in_format(job, cached: dict[int, object]) -> dict[int, object]:
             continue
         with public_storage().open(key, "rb") as fh:
             data = fh.read()
-        # the negative prompt the model was given (the policy's steering, gpu_tasks/generate.py),
-        # as the source file records it
-        given = encoding.read_parameters(data).get("negative_prompt", "")
+        # the negative prompt the model was given: the source job's recorded steering before the
+        # user's own (the key says the user's is this job's)
+        given = steered_negative(image.job.steering or "", job.negative_prompt)  # type: ignore[attr-defined]
         parameters = encoding.ImageParameters.of(job, int(job.seed) + index, given)
         encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
         encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)

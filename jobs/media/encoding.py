@@ -91,12 +91,11 @@ class ImageParameters:
         byte for byte the same as the dropped one."""
         drawn = getattr(job, "drawn_prompt", job.prompt)
         rewritten = drawn != job.prompt
-        steered = given_negative is not None and given_negative != job.negative_prompt
+        given = job.negative_prompt if given_negative is None else given_negative
         return cls(
             prompt=drawn, original_prompt=job.prompt if rewritten else "",
-            rewriter=job.rewriter_version if rewritten else "",
-            negative_prompt=given_negative if steered and given_negative is not None else job.negative_prompt,
-            original_negative_prompt=job.negative_prompt if steered else None, seed=int(seed),
+            rewriter=job.rewriter_version if rewritten else "", negative_prompt=given,
+            original_negative_prompt=job.negative_prompt if given != job.negative_prompt else None, seed=int(seed),
             steps=job.steps,
             guidance_scale=float(job.guidance_scale), width=job.width, height=job.height,
             model_version=job.model_version, job_id=str(getattr(job, "regenerates", None) or job.id),
