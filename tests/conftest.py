@@ -161,6 +161,15 @@ def classifier_mode():
 
 
 @pytest.fixture
+def stay_queued(monkeypatch):
+    """Jobs submitted in the test are never sent to their first stage: they stay queued. A test
+    on a transactional user (alice, bob) commits its jobs, and the session's workers (`workers`,
+    started by an earlier test) would otherwise check, generate and finish them while the test
+    still counts them as queued."""
+    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+
+
+@pytest.fixture
 def moderator(transactional_db):
     """A staff user holding the review permission."""
     from django.contrib.auth.models import Permission

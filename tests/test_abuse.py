@@ -36,7 +36,7 @@ def test_hand_picked_bodies_are_refused_with_a_4xx_and_store_nothing(alice_api, 
     assert GenerationJob.objects.count() == before
 
 
-def test_duplicate_keys_take_the_last_value_and_identity_never_comes_from_the_body(alice, bob, alice_api):
+def test_duplicate_keys_take_the_last_value_and_identity_never_comes_from_the_body(alice, bob, alice_api, stay_queued):
     raw = ('{"prompt": "a", "prompt": "a blue square", "width": 64, "height": 64, "steps": 2, '
            f'"owner": {bob.id}, "owner_id": {bob.id}, "status": "done"}}').encode()
     response = alice_api.generic("POST", "/api/v1/jobs", raw, content_type="application/json")

@@ -31,19 +31,13 @@ SUBMIT_REDIS_BUDGET = 3
 POLL_QUEUED_REDIS_BUDGET = 1
 
 
-@pytest.fixture
-def no_dispatch(monkeypatch):
-    # The budget is the web process's; the prompt check's message is not a query.
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
-
-
 def statements(api, method: str, url: str, **kwargs) -> tuple[int, list[str], object]:
     with CaptureQueriesContext(connection) as captured:
         answer = getattr(api, method)(url, **kwargs)
     return len(captured), [q["sql"][:160] for q in captured.captured_queries], answer
 
 
-def test_a_submit_stays_within_its_query_budget_whatever_the_backlog(alice, alice_api, no_dispatch, settings):
+def test_a_submit_stays_within_its_query_budget_whatever_the_backlog(alice, alice_api, stay_queued, settings):
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 10_000
     body = {"prompt": "a red circle", "width": 64, "height": 64, "steps": 2}
     alice_api.post("/api/v1/jobs", {**body, "seed": 0}, format="json")  # warm: caches, the served-model table
@@ -91,7 +85,7 @@ def redis_round_trips(monkeypatch):
 
 
 def test_a_submit_stays_within_its_redis_budget_with_its_summary_entry_fresh_or_stale(
-        alice, alice_api, no_dispatch, settings, redis_client, redis_round_trips):
+        alice, alice_api, stay_queued, settings, redis_client, redis_round_trips):
     from imagegen.redis_client import PREFIX
     from jobs.admission import summary
     from scheduling import heartbeats

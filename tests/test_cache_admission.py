@@ -113,8 +113,7 @@ def test_with_allow_degrade_the_job_is_accepted_with_fewer_steps(workers, alice_
     assert done.batch.steps == 3
 
 
-def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)  # stay queued
+def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, settings, stay_queued):
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 2
     for i in range(2):
         assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "seed": i}, format="json").status_code == 202
@@ -123,8 +122,7 @@ def test_a_user_over_the_in_flight_limit_gets_a_429_naming_the_limit(alice_api, 
     assert "jobs in flight" in response.json()["detail"]
 
 
-def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch):
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api, settings, monkeypatch, stay_queued):
     settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY = 5
     assert alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 4}, format="json").status_code == 202
     response = alice_api.post("/api/v1/jobs", {"prompt": "a cat", "count": 2}, format="json")

@@ -312,7 +312,7 @@ def test_the_forecast_prices_both_tiers():
 
 
 @pytest.mark.django_db
-def test_batch_jobs_have_their_own_in_flight_limit_and_quota(alice_api, settings):
+def test_batch_jobs_have_their_own_in_flight_limit_and_quota(alice_api, settings, stay_queued):
     settings.IMAGEGEN_USER_MAX_IN_FLIGHT = 1
     settings.IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT = 2
     settings.IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = 3

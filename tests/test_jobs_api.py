@@ -15,9 +15,8 @@ GOOD = {"prompt": "a green square", "width": 64, "height": 64, "steps": 4}
 
 
 @pytest.fixture(autouse=True)
-def _no_broker_needed(monkeypatch):
-    # These tests are about the API alone; the prompt check is not sent (no worker runs here).
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+def _no_broker_needed(stay_queued):
+    """These tests are about the API alone: the prompt check is not sent."""
 
 
 @pytest.mark.parametrize(

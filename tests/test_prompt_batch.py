@@ -69,8 +69,7 @@ def test_one_bad_pair_in_a_batch_fails_alone():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_check_records_the_waiting_prompts_verdicts_and_their_tasks_only_apply_them(
-        alice, redis_client, settings, monkeypatch, counted_checks):
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+        alice, redis_client, settings, monkeypatch, counted_checks, stay_queued):
     settings.IMAGEGEN_PROMPT_BATCH = 32
     jobs = [waiting_job(alice, p, n) for p, n in PROMPTS]
     first = gate_prompt(str(jobs[0].id))
@@ -91,8 +90,7 @@ def test_a_check_records_the_waiting_prompts_verdicts_and_their_tasks_only_apply
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_prompt_another_worker_claimed_is_left_to_it(alice, redis_client, settings, monkeypatch):
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+def test_a_prompt_another_worker_claimed_is_left_to_it(alice, redis_client, settings, monkeypatch, stay_queued):
     settings.IMAGEGEN_PROMPT_BATCH = 32
     mine, claimed, free = (waiting_job(alice, p) for p, _ in PROMPTS[:3])
     get_redis().set(prompt_batch._claim_key(str(claimed.id)), "1", ex=60)  # another worker's drain holds it
@@ -102,8 +100,8 @@ def test_a_prompt_another_worker_claimed_is_left_to_it(alice, redis_client, sett
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_a_batch_of_one_each_prompt_is_checked_alone(alice, redis_client, settings, monkeypatch, counted_checks):
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
+def test_with_a_batch_of_one_each_prompt_is_checked_alone(alice, redis_client, settings, monkeypatch, counted_checks,
+                                                          stay_queued):
     settings.IMAGEGEN_PROMPT_BATCH = 1
     mine, other = waiting_job(alice, PROMPTS[0][0]), waiting_job(alice, PROMPTS[1][0])
     gate_prompt(str(mine.id))
