@@ -501,12 +501,14 @@ def _running_job(owner, count: int, tag: str):
     )
 
 
-def scenario_storage(owner, workdir: Path) -> dict:
+def scenario_storage(owner, workdir: Path, reap: bool = False) -> dict:
     """The GPU worker's hand-off to quarantine against a storage that fails: (fails N times then
     works, exception type, fail from call k on) x count. Transient errors are retried by the
     storage's one bounded retry (IMAGEGEN_UPLOAD_ATTEMPTS); past it the job goes back to the
     queue (its lease ends now), never failed; a refusal fails the job. Never a row without
-    bytes, never an object left behind."""
+    bytes, never an object left behind. `reap`: the reaper's pass runs right after each
+    hand-off (as a reaper running beside it may), and requeues at once a job whose lease the
+    hand-off ended."""
     import threading
     from unittest import mock
 
@@ -548,17 +550,23 @@ def scenario_storage(owner, workdir: Path) -> dict:
                     mock.patch.object(generate, "quarantine_storage", return_value=storage), \
                     mock.patch.object(generate.stages, "send_next"):
                 runner._hand_off(item)
+            if reap:
+                actions.requeue_expired()
             if canceller is not None:
                 canceller.join()
             job.refresh_from_db()
-            job.batch.refresh_from_db()
+            batch = job.batch  # None: the reaper has already put the job back in the queue
+            if batch is not None:
+                batch.refresh_from_db()
             made = list(GeneratedImage.objects.filter(job=job))
             files = sorted(str(p.relative_to(location)) for p in location.rglob("*") if p.is_file()) if location.exists() else []
             rows_without_bytes = sum(1 for r in made if not storage.exists(r.storage_key) or storage.size(r.storage_key) != r.byte_size)
             leftover = [f for f in files if f not in {r.storage_key for r in made}]
-            status = "handed off" if job.status == "running" and job.batch.stage == "classify" else job.status
+            status = "handed off" if job.status == "running" and batch is not None and batch.stage == "classify" else job.status
             if status == "running" and job.lease_expires_at is not None and job.lease_expires_at <= timezone.now():
                 status = "back to the queue"  # its lease ended now: the reaper requeues it at once, no failure
+            elif status == "queued" and batch is None and job.attempts == 1:
+                status = "back to the queue"  # the reaper did so already
             results.append({"case": name, "count": count, "status": status, "expected": expect, "reason": job.reason,
                             "rows": len(made), "save_calls": storage.calls, "rows_without_bytes": rows_without_bytes,
                             "leftover_objects": len(leftover), "ok": status == expect and not rows_without_bytes

@@ -370,12 +370,18 @@ class Run:
                 res.raise_for_status()
                 ids.append(res.json()["id"])
             deadline = time.monotonic() + timeout
+            mine: list[dict] = []
             while time.monotonic() < deadline:
                 jobs = http.get("/api/v1/jobs", params={"page_size": 100}, headers=headers).json()["results"]
-                if all(j["status"] in TERMINAL for j in jobs if j["id"] in ids):
+                mine = [j for j in jobs if j["id"] in ids]
+                if all(j["status"] in TERMINAL for j in mine):
                     return
                 time.sleep(1.0)
-        raise RuntimeError(f"the warm-up jobs did not finish in {timeout}s")
+        # Where they stopped, and what each worker process last said, to tell a stuck stage from a slow one.
+        statuses = ", ".join(f"{j['id'][:8]} {j['status']} {j.get('progress', '')}" for j in mine)
+        logs = "\n".join(f"--- {host.name}/{kind}:\n{host.log_tail(kind, 1500)}" for host in self.fleet.hosts.values()
+                         for kind in list(host.procs) if host.name not in ("services", "lb"))
+        raise RuntimeError(f"the warm-up jobs did not finish in {timeout}s: {statuses}\n{logs}")
 
     def go(self) -> dict:
         names = [f"user{i:02d}" for i in range(self.burst.users)]

@@ -137,6 +137,14 @@ def test_failing_quarantine_writes_are_retried_boundedly_then_requeued_and_never
     assert result["detail"][0]["save_calls"] == 4  # two failures, then two images
 
 
+def test_a_job_the_reaper_requeues_right_after_a_failed_hand_off_counts_as_back_in_the_queue(alice, tmp_path):
+    """The reaper (the beat of any cpu worker) may run between the hand-off and the look at the
+    job: the lease the hand-off ended lets it requeue the job at once, batch and all."""
+    result = rel.scenario_storage(alice, tmp_path, reap=True)
+    assert [case["status"] for case in result["detail"]] == [case["expected"] for case in result["detail"]], result
+    assert result["failed_cases"] == 0, result
+
+
 def test_a_failed_upload_leaves_no_object_behind(alice, tmp_path):
     assert rel.scenario_storage(alice, tmp_path)["leftover_objects"] == 0
 
