@@ -23,7 +23,7 @@ from PIL import Image
 from imagegen import signing_credentials
 from jobs.media import credentials
 from jobs.media.encoding import ImageParameters, encode, read_parameters
-from tests.conftest import wait_for_status
+from tests.conftest import wait_for_status, wait_until_cached
 from tests.test_generation import submit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,6 +183,7 @@ def test_generated_converted_and_approved_images_carry_valid_credentials(workers
     # A cache hit in another format: encoded again, signed again, naming the job that asked.
     settings.IMAGEGEN_CACHE_SCOPE = "global"
     first = wait_for_status(submit(alice_api, prompt="a purple triangle", seed=3200, output_format="webp")["id"], ("done",))
+    wait_until_cached(first)  # remembered just after the commit that made it done
     again = submit(alice_api, prompt="a purple triangle", seed=3200, output_format="jpeg")
     assert again["status"] == "done" and GeneratedImage.objects.get(job_id=again["id"]).source_key
     check = credentials.verify(fetch(again["images"][0]["url"]))
