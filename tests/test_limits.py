@@ -125,11 +125,10 @@ def test_prompt_checks_are_counted_per_user_against_a_rate_blocked_ones_included
     assert bob_api.post("/api/v1/jobs", {**body, "seed": 9}, format="json").status_code == 202  # per user
 
 
-def test_jobs_held_for_review_are_bounded_per_user(alice_api, bob_api, settings, monkeypatch):
+def test_jobs_held_for_review_are_bounded_per_user(alice_api, bob_api, settings, stay_queued):
     from jobs.pipeline.tasks import check_prompt
 
     settings.IMAGEGEN_USER_MAX_IN_REVIEW = 3
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
     # all five pass the submit-time bound before any is checked; the gate keeps the bound
     ids = [alice_api.post("/api/v1/jobs", {"prompt": HELD, "seed": i, "steps": 2}, format="json").json()["id"] for i in range(5)]
     for job_id in ids:

@@ -170,13 +170,12 @@ def test_finding_waiting_prompts_reads_a_bounded_number_of_rows_behind_a_backlog
 
 
 @pytest.mark.django_db(transaction=True)
-def test_with_server_timing_on_each_check_keeps_its_account_for_the_benchmark(alice, redis_client, settings, monkeypatch):
+def test_with_server_timing_on_each_check_keeps_its_account_for_the_benchmark(alice, redis_client, settings, stay_queued):
     """bench/api_load.py --run-command reads these: the check's wall and CPU time, statements and
     round trips, the prompts in its encoder pass, and how long after the submit it started."""
     from imagegen.timing import read_records, records_key
     from jobs.pipeline.tasks import check_prompt
 
-    monkeypatch.setattr("jobs.pipeline.stages.send", lambda stage, *args, countdown=None: True)
     settings.IMAGEGEN_PROMPT_BATCH = 32
     settings.IMAGEGEN_SERVER_TIMING = True
     get_redis().delete(records_key("prompt_check"))
