@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -30,13 +31,36 @@ def occupy_gpu(api, steps=40):
     return job
 
 
+@contextmanager
+def gpu_held(api):
+    """The GPU worker busy with another shape's job of the most steps a job may ask, cancelled
+    when the block ends: what the test queues meanwhile waits behind it however slow the machine
+    is (a blocker of fixed length could end first on a loaded one, and the jobs meant to queue
+    behind it would then run as they arrive)."""
+    job = occupy_gpu(api, steps=settings.IMAGEGEN_MAX_STEPS)
+    try:
+        yield job
+    finally:
+        api.post(f"/api/v1/jobs/{job['id']}/cancel")
+
+
+def wait_scheduled(ids, blocker, timeout=60.0) -> None:
+    """Every one of these jobs is queued in the scheduler (its prompt check done), all of them
+    behind the blocker, which still runs."""
+    deadline = time.monotonic() + timeout
+    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None).exists():
+        assert time.monotonic() < deadline, "the jobs were never queued in the scheduler"
+        time.sleep(0.05)
+    assert GenerationJob.objects.get(id=blocker["id"]).status == "running", "the blocker ended before the jobs queued"
+
+
 def test_six_same_shape_jobs_with_cap_four_run_as_two_full_passes_across_users(workers, alice_api, bob_api):
     assert settings.IMAGEGEN_BATCH_CAP == 4
-    blocker = occupy_gpu(alice_api)
     apis = [alice_api, bob_api] * 3
-    ids = [submit(api, seed=100 + i, steps=3)["id"] for i, api in enumerate(apis)]
+    with gpu_held(alice_api) as blocker:
+        ids = [submit(api, seed=100 + i, steps=3)["id"] for i, api in enumerate(apis)]
+        wait_scheduled(ids, blocker)
     jobs = wait_all(ids)
-    wait_for_status(blocker["id"], ("done",))
     batches = {job.batch_id for job in jobs}
     assert len(batches) == 2, "six jobs should take two passes, not six"
     sizes = sorted(Batch.objects.get(id=b).size for b in batches)
@@ -51,11 +75,11 @@ def test_six_same_shape_jobs_with_cap_four_run_as_two_full_passes_across_users(w
 
 
 def test_mixed_shapes_never_share_a_batch(workers, alice_api):
-    blocker = occupy_gpu(alice_api, steps=25)
     shapes = [(64, 64, 3), (96, 64, 3), (64, 64, 4), (64, 96, 3)] * 2
-    ids = [submit(alice_api, width=w, height=h, steps=s, seed=i)["id"] for i, (w, h, s) in enumerate(shapes)]
+    with gpu_held(alice_api) as blocker:
+        ids = [submit(alice_api, width=w, height=h, steps=s, seed=i)["id"] for i, (w, h, s) in enumerate(shapes)]
+        wait_scheduled(ids, blocker)
     jobs = wait_all(ids)
-    wait_for_status(blocker["id"], ("done",))
     by_batch: dict = {}
     for job in jobs:
         by_batch.setdefault(job.batch_id, set()).add((job.width, job.height, job.steps))
@@ -79,12 +103,12 @@ def test_a_lone_job_starts_within_the_fill_wait_plus_slack(workers, alice_api):
 
 
 def test_an_image_in_a_batch_equals_the_same_request_made_alone(workers, alice_api, bob_api):
-    blocker = occupy_gpu(alice_api, steps=20)
-    together = [submit(api, seed=900 + i, steps=4, prompt=p) for i, (api, p) in enumerate(
-        [(alice_api, "a red circle"), (bob_api, "a blue square on a green background"), (alice_api, "two yellow triangles")]
-    )]
+    with gpu_held(alice_api) as blocker:
+        together = [submit(api, seed=900 + i, steps=4, prompt=p) for i, (api, p) in enumerate(
+            [(alice_api, "a red circle"), (bob_api, "a blue square on a green background"), (alice_api, "two yellow triangles")]
+        )]
+        wait_scheduled([j["id"] for j in together], blocker)
     wait_all([j["id"] for j in together])
-    wait_for_status(blocker["id"], ("done",))
     assert len({GenerationJob.objects.get(id=j["id"]).batch_id for j in together}) == 1
     for j in together:  # remembered just after done: forget only once they are in the cache
         wait_until_cached(GenerationJob.objects.get(id=j["id"]))
@@ -100,13 +124,16 @@ def test_sigkill_of_a_gpu_worker_mid_batch_loses_no_job_and_duplicates_nothing(w
     second = start_worker("gpu-victim", settings.QUEUE_GPU)
     victim_id = f"{second.proc.pid}"
     ids = [submit(alice_api, seed=i, steps=30, count=2, width=64, height=96)["id"] for i in range(6)]
-    deadline = time.monotonic() + 60
-    while not Batch.objects.filter(worker__endswith=f":{victim_id}", finished_at=None).exists():
-        assert time.monotonic() < deadline, "the victim never took a batch"
-        time.sleep(0.05)
-    while not GenerationJob.objects.filter(batch__worker__endswith=f":{victim_id}", batch__finished_at=None,
-                                           progress_step__gte=1).exists():  # mid-denoise
-        assert time.monotonic() < deadline, "the victim's batch never denoised a step"
+    # Mid-batch: the victim's pipeline call has begun (pass_started_at, written just before it)
+    # and not ended, and the batch still holds its jobs. (Its jobs' progress_step is written only
+    # by the lease keeper, every LEASE/3 seconds: a short pass can end between two writes.)
+    deadline = time.monotonic() + 90
+    while not GenerationJob.objects.filter(batch__worker__endswith=f":{victim_id}", batch__pass_started_at__isnull=False,
+                                           batch__finished_at=None).exists():
+        if time.monotonic() > deadline:
+            batches = list(Batch.objects.values_list("worker", "size", "pass_started_at", "finished_at"))
+            raise AssertionError(f"the victim never ran a pass of these jobs; batches {batches}; "
+                                 f"its log ends:\n{second.log_path.read_text()[-3000:]}")
         time.sleep(0.02)
     second.kill()
     jobs = wait_all(ids, timeout=180)
@@ -133,18 +160,14 @@ def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, 
 
 
 def test_flushing_the_schedulers_redis_keys_mid_run_loses_no_job(workers, alice_api, redis_client):
-    blocker = occupy_gpu(alice_api, steps=30)
-    ids = [submit(alice_api, seed=i, steps=3, width=96, height=64)["id"] for i in range(5)]
-    deadline = time.monotonic() + 20
-    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    lost = [k for k in redis_client.scan_iter(f"{PREFIX}*") if k.startswith((f"{PREFIX}q:", f"{PREFIX}shapes:"))]
-    assert lost, "the jobs should be waiting in the scheduler"
-    redis_client.delete(*lost)
-    redis_client.delete(settings.QUEUE_GPU)  # the batch tokens too
+    with gpu_held(alice_api) as blocker:
+        ids = [submit(alice_api, seed=i, steps=3, width=96, height=64)["id"] for i in range(5)]
+        wait_scheduled(ids, blocker)
+        lost = [k for k in redis_client.scan_iter(f"{PREFIX}*") if k.startswith((f"{PREFIX}q:", f"{PREFIX}shapes:"))]
+        assert lost, "the jobs should be waiting in the scheduler"
+        redis_client.delete(*lost)
+        redis_client.delete(settings.QUEUE_GPU)  # the batch tokens too
     jobs = wait_all(ids, timeout=120)
-    wait_for_status(blocker["id"], ("done",))
     assert all(job.images.count() == 1 for job in jobs)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from imagegen.redis_client import get_redis
@@ -10,7 +12,7 @@ from safety.models import SafetyVerdict
 from scheduling import scheduler
 from scheduling.costs import COST_KEY
 from tests.conftest import wait_for_status, wait_until_cached
-from tests.test_batching import occupy_gpu
+from tests.test_batching import gpu_held, wait_scheduled
 from tests.test_generation import submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -131,23 +133,25 @@ def test_a_user_over_the_daily_image_limit_gets_a_429_naming_the_limit(alice_api
 
 
 def test_the_queue_endpoint_and_a_queued_job_reflect_submitted_work(workers, alice_api):
-    blocker = occupy_gpu(alice_api, steps=30)
-    ids = [submit(alice_api, seed=600 + i, steps=5, width=64, height=96)["id"] for i in range(3)]
-    wait = 0
-    while GenerationJob.objects.filter(id__in=ids, scheduled_at=None).exists() and wait < 100:
-        import time
-
-        time.sleep(0.05)
-        wait += 1
-    queue = alice_api.get("/api/v1/queue").json()["models"][0]
-    assert queue["active_workers"] >= 1
-    shape = next(s for s in queue["shapes"] if (s["width"], s["height"], s["steps"]) == (64, 96, 5))
-    assert shape["images"] == 3 and shape["estimated_wait_seconds"] > 0
-    last = alice_api.get(f"/api/v1/jobs/{ids[-1]}").json()
-    first = alice_api.get(f"/api/v1/jobs/{ids[0]}").json()
-    assert last["status"] == "queued" and last["queue_position"] > first["queue_position"]
-    # The same bucket: the later job's ETA is not earlier, up to the summary being recomputed
-    # between the two reads (its samples then move by a few hundredths of a second).
-    assert last["eta_seconds"] >= first["eta_seconds"] - 0.25 and first["eta_seconds"] > 0
-    for job_id in ids + [blocker["id"]]:
+    with gpu_held(alice_api) as blocker:
+        ids = [submit(alice_api, seed=600 + i, steps=5, width=64, height=96)["id"] for i in range(3)]
+        wait_scheduled(ids, blocker)
+        # The endpoint reads the per-shape summary, recomputed off the request path: it shows the
+        # three jobs within a refresh or two.
+        deadline = time.monotonic() + 10
+        while True:
+            queue = alice_api.get("/api/v1/queue").json()["models"][0]
+            shape = next((s for s in queue["shapes"] if (s["width"], s["height"], s["steps"]) == (64, 96, 5)), None)
+            if shape is not None and shape["images"] == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert queue["active_workers"] >= 1
+        assert shape is not None and shape["images"] == 3 and shape["estimated_wait_seconds"] > 0, queue["shapes"]
+        last = alice_api.get(f"/api/v1/jobs/{ids[-1]}").json()
+        first = alice_api.get(f"/api/v1/jobs/{ids[0]}").json()
+        assert last["status"] == "queued" and last["queue_position"] > first["queue_position"]
+        # The same bucket: the later job's ETA is not earlier, up to the summary being recomputed
+        # between the two reads (its samples then move by a few hundredths of a second).
+        assert last["eta_seconds"] >= first["eta_seconds"] - 0.25 and first["eta_seconds"] > 0
+    for job_id in ids:
         wait_for_status(job_id, ("done",))

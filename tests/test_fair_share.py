@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.models import Batch, GenerationJob
-from tests.test_batching import occupy_gpu, wait_all
+from tests.test_batching import gpu_held, wait_all, wait_scheduled
 from tests.test_generation import submit
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,11 +25,11 @@ def test_a_light_job_rides_in_the_next_pass_behind_a_heavy_backlog(workers, alic
     Bob then asks for one image of the same shape. First in, first out he would wait five
     passes; with fair share his job is in the first pass the worker takes after it arrives
     (the worker may already hold one of Alice's, taken ahead while the blocker ran)."""
-    blocker = occupy_gpu(alice_api, steps=30)
-    heavy = [submit(alice_api, seed=300 + i, steps=3, count=4, prompt="heavy user")["id"] for i in range(5)]
-    light = submit(bob_api, seed=400, steps=3, count=1, prompt="light user")["id"]
+    with gpu_held(alice_api) as blocker:
+        heavy = [submit(alice_api, seed=300 + i, steps=3, count=4, prompt="heavy user")["id"] for i in range(5)]
+        light = submit(bob_api, seed=400, steps=3, count=1, prompt="light user")["id"]
+        wait_scheduled([*heavy, light], blocker)
     jobs = wait_all([*heavy, light], timeout=180)
-    wait_all([blocker["id"]])
     order = _pass_order([*heavy, light])
     light_job = next(j for j in jobs if str(j.id) == light)
     place = [b.id for b in order].index(light_job.batch_id)
@@ -41,12 +41,12 @@ def test_a_light_job_rides_in_the_next_pass_behind_a_heavy_backlog(workers, alic
 def test_batch_work_waits_for_interactive_work_of_the_same_shape(workers, alice_api, bob_api):
     """Batch jobs queued first still go after interactive jobs queued later: at most the pass
     already taken holds batch work."""
-    blocker = occupy_gpu(alice_api, steps=30)
-    batch = [submit(alice_api, seed=500 + i, steps=3, count=4, priority="batch", prompt="batch work")["id"]
-             for i in range(3)]
-    interactive = [submit(bob_api, seed=600 + i, steps=3, count=4, prompt="interactive")["id"] for i in range(2)]
+    with gpu_held(alice_api) as blocker:
+        batch = [submit(alice_api, seed=500 + i, steps=3, count=4, priority="batch", prompt="batch work")["id"]
+                 for i in range(3)]
+        interactive = [submit(bob_api, seed=600 + i, steps=3, count=4, prompt="interactive")["id"] for i in range(2)]
+        wait_scheduled([*batch, *interactive], blocker)
     wait_all([*batch, *interactive], timeout=180)
-    wait_all([blocker["id"]])
     order = [b.id for b in _pass_order([*batch, *interactive])]
     inter_places = sorted(order.index(GenerationJob.objects.get(id=j).batch_id) for j in interactive)
     assert inter_places[-1] <= 2, f"interactive work ran in passes {inter_places} of {len(order)}"

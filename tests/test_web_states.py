@@ -137,19 +137,17 @@ def test_field_errors_ctrl_enter_every_image_seed_download_reuse_and_delete(work
 
 
 def test_queued_shows_position_and_an_eta_that_updates(workers, daphne_server, alice, bob, browser_page, errors):  # noqa: F811
-    from tests.test_batching import occupy_gpu
+    from tests.test_batching import gpu_held, wait_scheduled
 
     page = browser_page
     sign_in(page, daphne_server, alice)
-    blocker = occupy_gpu(client_for(bob), steps=150)  # keeps the GPU worker busy for seconds
-    # Alice's own earlier job: fair share orders jobs within a user's flow first-in first-out, so
-    # it is ahead of hers whatever the other users have queued. Queued in the scheduler (its
-    # prompt check done) before hers is submitted: the two checks could finish in either order.
-    ahead = client_for(alice).post("/api/v1/jobs", {"prompt": "a green square", "steps": 4}, format="json").json()
-    deadline = time.monotonic() + 30
-    while GenerationJob.objects.filter(id=ahead["id"], scheduled_at=None).exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
+    with gpu_held(client_for(bob)) as blocker:  # the GPU worker busy until the block ends
+        # Alice's own earlier job: fair share orders jobs within a user's flow first-in first-out,
+        # so it is ahead of hers whatever the other users have queued. Queued in the scheduler
+        # (its prompt check done) before hers is submitted: the two checks could finish in either
+        # order.
+        ahead = client_for(alice).post("/api/v1/jobs", {"prompt": "a green square", "steps": 4}, format="json").json()
+        wait_scheduled([ahead["id"]], blocker)
         page.get_by_label("Prompt", exact=True).fill(PROMPT)
         page.get_by_label("Steps", exact=True).fill("4")
         page.get_by_role("button", name="Generate").click()
@@ -163,11 +161,14 @@ def test_queued_shows_position_and_an_eta_that_updates(workers, daphne_server, a
         # the job ahead by up to its refresh interval; the page's next poll reads the exact count.
         assert re.search(r"1 job ahead of yours|Next in line", first), first
         screenshot(page, "queued")
-        page.wait_for_function(f"document.getElementById('queue-info').textContent !== {first!r}", timeout=10_000)
+        # The ETA moves: it counts down each second and each poll brings the server's new one
+        # (the box's data-eta-seconds: its text, rounded to minutes past 90 s, may keep its words
+        # for a minute on a loaded machine).
+        eta = info.get_attribute("data-eta-seconds")
+        assert eta is not None and eta != "", first
+        page.wait_for_function(f"document.getElementById('queue-info').dataset.etaSeconds !== {eta!r}", timeout=10_000)
         page.wait_for_function("/1 job ahead of yours/.test(document.getElementById('queue-info').textContent)",
                                timeout=10_000)
-    finally:
-        client_for(bob).post(f"/api/v1/jobs/{blocker['id']}/cancel")
     page.wait_for_selector("#results img.final", timeout=60_000)
     assert info.is_hidden() and page.locator("#current-status").text_content() == "done"
     wait_for_status(ahead["id"], ("done",))

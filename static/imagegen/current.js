@@ -45,9 +45,12 @@
     if (typeof job.queue_position === "number") {
       parts.push(job.queue_position === 0 ? "Next in line" : `${job.queue_position} job${job.queue_position > 1 ? "s" : ""} ahead of yours`);
     }
+    // The countdown in whole seconds (the text rounds to minutes past 90 s).
+    box.dataset.etaSeconds = "";
     if (current.eta) {
       const left = current.eta.seconds - (Date.now() - current.eta.at) / 1000;
       parts.push(left > 0.5 ? `ready in about ${seconds(left)}` : "any moment now");
+      box.dataset.etaSeconds = String(Math.max(0, Math.round(left)));
     } else if (job.eta_seconds === null && typeof job.queue_position === "number") {
       parts.push("no GPU worker is running right now: it starts when one is");
     }
