@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 from django.conf import settings
+from django.db import transaction
 
 from imagegen.redis_client import PREFIX
 from jobs.models import Batch, GeneratedImage, GenerationJob
@@ -150,11 +151,13 @@ def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, 
 
     job = submit(alice_api, steps=2)
     wait_for_status(job["id"], ("done",))
-    # Pretend its worker died mid-run on the last allowed attempt.
-    GenerationJob.objects.filter(id=job["id"]).update(
-        status="running", attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
-    )
-    assert requeue_expired() == {"requeued": 0, "failed": 1}
+    # Pretend its worker died mid-run on the last allowed attempt. In one transaction with the
+    # pass: the session's reaper (every second) would otherwise see the row first.
+    with transaction.atomic():
+        GenerationJob.objects.filter(id=job["id"]).update(
+            status="running", attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
+        )
+        assert requeue_expired() == {"requeued": 0, "failed": 1}
     row = GenerationJob.objects.get(id=job["id"])
     assert row.status == "failed" and "interrupted" in row.reason
 
