@@ -22,24 +22,18 @@ def wait_all(ids, statuses=("done",), timeout=120.0):
     return [wait_for_status(i, statuses, timeout=timeout) for i in ids]
 
 
-def occupy_gpu(api, steps=40):
-    """A job of another shape that keeps the GPU worker busy while the rest queue up."""
-    job = submit(api, width=96, height=96, steps=steps, count=4, prompt="a busy blocker")
-    deadline = time.monotonic() + 30
-    while GenerationJob.objects.get(id=job["id"]).status != "running":
-        assert time.monotonic() < deadline, "the blocker never started"
-        time.sleep(0.05)
-    return job
-
-
 @contextmanager
 def gpu_held(api):
     """The GPU worker busy with another shape's job of the most steps a job may ask, cancelled
     when the block ends: what the test queues meanwhile waits behind it however slow the machine
     is (a blocker of fixed length could end first on a loaded one, and the jobs meant to queue
     behind it would then run as they arrive)."""
-    job = occupy_gpu(api, steps=settings.IMAGEGEN_MAX_STEPS)
+    job = submit(api, width=96, height=96, steps=settings.IMAGEGEN_MAX_STEPS, count=4, prompt="a busy blocker")
     try:
+        deadline = time.monotonic() + 30
+        while GenerationJob.objects.get(id=job["id"]).status != "running":
+            assert time.monotonic() < deadline, "the blocker never started"
+            time.sleep(0.05)
         yield job
     finally:
         api.post(f"/api/v1/jobs/{job['id']}/cancel")

@@ -23,8 +23,8 @@ def _pass_order(job_ids) -> list:
 def test_a_light_job_rides_in_the_next_pass_behind_a_heavy_backlog(workers, alice_api, bob_api):
     """Alice queues five passes' worth (five jobs of 4 images, the cap) while the GPU is busy;
     Bob then asks for one image of the same shape. First in, first out he would wait five
-    passes; with fair share his job is in the first pass the worker takes after it arrives
-    (the worker may already hold one of Alice's, taken ahead while the blocker ran)."""
+    passes; with fair share his job is in the first pass the worker takes once the blocker is
+    cancelled (or the second, should one of Alice's have been taken ahead)."""
     with gpu_held(alice_api) as blocker:
         heavy = [submit(alice_api, seed=300 + i, steps=3, count=4, prompt="heavy user")["id"] for i in range(5)]
         light = submit(bob_api, seed=400, steps=3, count=1, prompt="light user")["id"]
