@@ -201,12 +201,14 @@ def test_a_rewrite_interrupted_past_the_attempts_fails_naming_the_stage(alice):
 
     from jobs import actions
     from jobs.models import GenerationJob
+    from safety.models import SafetyVerdict
 
     job = GenerationJob.objects.create(
         owner=alice, prompt=FREE_FORM, width=64, height=64, steps=2, guidance_scale=5.0, seed=1, model_version="m",
         rewrite=True, rewrite_attempts=settings.IMAGEGEN_MAX_ATTEMPTS,
         rewrite_lease_expires_at=timezone.now() - timedelta(seconds=1),
     )
+    SafetyVerdict.objects.create(job=job, stage="prompt", decision="allow")  # only an allowed prompt is rewritten
     assert actions.claim_rewrites(str(job.id), 16) == []
     job.refresh_from_db()
     assert job.status == "failed"
@@ -261,3 +263,56 @@ def test_the_page_has_the_rewrite_switch_ticked_as_the_server_default(alice, set
     assert "checked" in page[page.index('id="rewrite"'):].split(">", 1)[0]
     settings.IMAGEGEN_REWRITER_PATH = ""
     assert 'id="rewrite"' not in client.get("/").content.decode()  # no rewriter: no switch
+
+
+def test_a_rewrite_run_never_takes_a_job_whose_own_prompt_was_not_allowed(alice):
+    """The rewrite claim takes only jobs whose prompt, as the user wrote it, was allowed (by the
+    gate or a moderator): not one still waiting for its check, nor one whose block verdict a
+    batch drain recorded but has not yet applied."""
+    from jobs import actions
+    from jobs.models import GenerationJob
+    from safety.models import SafetyVerdict
+
+    def job(prompt: str, **extra) -> GenerationJob:
+        return GenerationJob.objects.create(owner=alice, prompt=prompt, width=64, height=64, steps=2,
+                                            guidance_scale=5.0, seed=1, model_version="m", rewrite=True, **extra)
+
+    unchecked = job("a yellow star on a blue background")
+    drained = job("a yellow star on a blue background")
+    SafetyVerdict.objects.create(job=drained, stage="prompt", decision="block", category="star")
+    allowed = job(FREE_FORM)
+    SafetyVerdict.objects.create(job=allowed, stage="prompt", decision="allow")
+    approved = job("a heart of lava")
+    SafetyVerdict.objects.create(job=approved, stage="prompt", decision="review", category="heart")
+    SafetyVerdict.objects.create(job=approved, stage="human", decision="allow")
+
+    claimed = {j.id for j in actions.claim_rewrites(str(unchecked.id), 16)}
+    assert claimed == {allowed.id, approved.id}
+    for untouched in (unchecked, drained):
+        untouched.refresh_from_db()
+        assert untouched.rewrite_attempts == 0 and untouched.rewrite_lease_expires_at is None
+
+
+def test_a_rewrite_woken_by_another_job_leaves_an_unchecked_prompt_alone(workers, alice_api, bob_api, monkeypatch):
+    """Through real workers: bob's disallowed prompt waits for its check (its message not yet
+    delivered, as when the prompt checks are backed up) when alice's job wakes a rewriter. The
+    rewriter must not take bob's job: an unchanged rewrite would send it to generation with no
+    verdict on what bob wrote."""
+    from jobs.models import GenerationJob
+    from jobs.pipeline import stages
+
+    original = stages.send
+    monkeypatch.setattr(stages, "send", lambda stage, *args, countdown=None: stage != "prompt" and original(
+        stage, *args, countdown=countdown))
+    star = submit(bob_api, "a yellow star on a blue background", seed=3501)["id"]
+    monkeypatch.setattr(stages, "send", original)
+    alices = submit(alice_api, FREE_FORM, seed=3502)["id"]
+    wait_for_status(alices, ("done",))
+
+    job = GenerationJob.objects.get(id=star)
+    assert job.rewritten_at is None and job.rewrite_attempts == 0, "a rewrite took a job whose prompt was never checked"
+    assert job.scheduled_at is None and job.batch_id is None and not job.images.exists()
+    stages_seen = set(job.verdicts.values_list("stage", flat=True))
+    assert stages_seen <= {"prompt"}, stages_seen  # at most its own check (a re-send by the reaper)
+    if job.status != "queued":
+        assert job.status == "blocked" and job.blocked_stage == "prompt", (job.status, job.blocked_stage)

@@ -3,7 +3,10 @@ generation). The stage is per job, batched across users: a worker takes every wa
 to IMAGEGEN_REWRITE_BATCH) in one claim, rewrites their prompts in one forward pass and saves
 each with a compare-and-set on its lease.
 
-    waiting   queued, not scheduled, rewrite on, not rewritten, lease free or run out
+    waiting   queued, not scheduled, rewrite on, not rewritten, lease free or run out, and its own
+              prompt (as the user wrote it) allowed by the gate or approved by a moderator: a
+              run woken for one job never takes another still waiting for its check, nor one
+              whose block or hold a batch drain recorded but has not yet applied
     claimed   its lease set for IMAGEGEN_LEASE_SECONDS, rewrite_attempts + 1 (a started run)
     saved     revised_prompt, the rewriter's identity, rewritten_at; then the second prompt
               gate (a changed prompt) or straight to the scheduler (unchanged)
@@ -20,21 +23,29 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from jobs.actions.lifecycle import fail_rewrite
 from jobs.models import GenerationJob, JobStatus
 from jobs.stage_names import DESCRIBES
+from safety.models import SafetyVerdict
 
 
 def needs_rewrite(job: GenerationJob) -> bool:
     return bool(job.rewrite) and job.rewritten_at is None
 
 
+def prompt_allowed() -> Exists:
+    """The job's own prompt was allowed: the gate's verdict at stage `prompt`, or a moderator's
+    approval of the prompt (a human verdict on no image; before a rewrite there is no other)."""
+    verdicts = SafetyVerdict.objects.filter(job=OuterRef("pk"), decision="allow")
+    return Exists(verdicts.filter(Q(stage="prompt") | Q(stage="human", image__isnull=True)))
+
+
 def _waiting(now):
     return GenerationJob.objects.filter(
-        status=JobStatus.QUEUED, scheduled_at=None, rewrite=True, rewritten_at=None,
+        prompt_allowed(), status=JobStatus.QUEUED, scheduled_at=None, rewrite=True, rewritten_at=None,
     ).filter(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now))
 
 
