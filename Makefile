@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip install --disable-pip-version-check --progress-bar on
 PORT ?= 8000
 VERBOSE ?=
 
-.PHONY: run test install install-run bench clean
+.PHONY: run test test-fast install install-run bench clean
 
 $(VENV)/.installed-run: requirements.txt
 	@echo "==> $(VENV): the packages the service needs (requirements.txt)."
@@ -30,8 +30,13 @@ install: $(VENV)/.installed
 run: install-run
 	PORT=$(PORT) $(PY) scripts/run.py $(if $(VERBOSE),--verbose,)
 
+# Every layer, unit first (tests/conftest.py layer_of: unit, integration, fault).
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The unit layer alone, for the edit loop (about a minute on 2 cores).
+test-fast: install
+	$(PY) -m pytest -q -m unit $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/batching.py

@@ -339,3 +339,108 @@ def wait_until_cached(job, timeout: float = 10.0) -> None:
     while not cache.lookup(job) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert cache.lookup(job), "the delivered job was never remembered in the cache"
+
+
+# --- The suite's three layers (docs/testing.md) ----------------------------------------------
+# unit         a stage's logic called directly, on rollback transactions: the database and Redis
+#              of the run only; no process started, no other socket (a guard fails it otherwise)
+# integration  real workers on real queues, a transactional database, servers, S3, the browser
+# fault        kills, restarts, outages, fleets and `make run` itself
+# A test's layer follows from what it uses (its fixtures) and, for faults, from its module or
+# name; a marker written on the test wins. `once` marks fault tests that use neither the run's
+# database nor its Redis (they build their own): CI runs them in one of its two passes.
+LAYERS = ("unit", "integration", "fault")
+FAULT_MODULES = {"test_fleet", "test_run_command", "test_rabbitmq_broker", "test_watchers", "test_reliability",
+                 "test_worker_liveness", "test_stage_leases"}
+ONCE_MODULES = {"test_fleet", "test_run_command"}
+FAULT_WORDS = ("kill", "restart", "_dies_", "outage", "redis_down", "redis_is_down", "store_down")
+INTEGRATION_FIXTURES = {
+    "workers", "start_worker", "worker_env", "daphne_server", "seaweed", "s3", "s3_stage_worker", "s3_gpu_worker",
+    "browser_page", "busy_server", "transactional_db", "live_server", "tiny_model",
+}
+
+
+def layer_of(item) -> str:
+    for name in LAYERS:
+        if item.get_closest_marker(name):
+            return name
+    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+    if module in FAULT_MODULES or any(word in item.name for word in FAULT_WORDS):
+        return "fault"
+    django_db = item.get_closest_marker("django_db")
+    transactional = django_db is not None and (django_db.kwargs.get("transaction") or
+                                               (django_db.args and django_db.args[0]))
+    if transactional or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "integration"
+    return "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    layers = {}
+    for item in items:
+        layer = layers[item.nodeid] = layer_of(item)
+        if not item.get_closest_marker(layer):
+            item.add_marker(layer)
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        if layer == "fault" and module in ONCE_MODULES:
+            item.add_marker("once")
+    # Cheapest first (a stable sort: each layer keeps the files' order): a broken decision shows
+    # in the first minute, not after the fleets.
+    items.sort(key=lambda item: LAYERS.index(layers[item.nodeid]))
+
+
+def _allowed_addresses() -> set[tuple[str, int]]:
+    """The run's own database and Redis: the only sockets a unit test may open."""
+    from urllib.parse import urlsplit
+
+    from django.db import connection
+
+    allowed = set()
+    redis = urlsplit(os.environ.get("REDIS_URL", ""))
+    if redis.port:
+        allowed.add((redis.hostname or "127.0.0.1", redis.port))
+    s = connection.settings_dict
+    if not s["ENGINE"].endswith("sqlite3"):
+        allowed.add((s.get("HOST") or "127.0.0.1", int(s.get("PORT") or 5432)))
+    return {(("127.0.0.1" if host == "localhost" else host), port) for host, port in allowed}
+
+
+class LayerViolation(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _unit_layer_guard(request, monkeypatch):
+    """A unit test that starts a process or connects anywhere but the run's database and Redis
+    fails here: it belongs to the integration layer (mark it so, or give it the fixture it needs)."""
+    if layer_of(request.node) != "unit":
+        yield
+        return
+    import socket
+
+    allowed = _allowed_addresses()
+    connect = socket.socket.connect
+    connect_ex = socket.socket.connect_ex
+
+    def check(address) -> None:
+        if isinstance(address, tuple) and len(address) >= 2:
+            host = "127.0.0.1" if address[0] in ("localhost", "::1") else address[0]
+            if (host, int(address[1])) not in allowed:
+                raise LayerViolation(f"a unit test connected to {address}: mark it integration")
+
+    def guarded_connect(sock, address):
+        check(address)
+        return connect(sock, address)
+
+    def guarded_connect_ex(sock, address):
+        check(address)
+        return connect_ex(sock, address)
+
+    def no_process(*args, **kwargs):
+        raise LayerViolation(f"a unit test started a process ({args[1] if len(args) > 1 else kwargs.get('args')}): "
+                             "mark it integration")
+
+    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded_connect_ex)
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
+    yield

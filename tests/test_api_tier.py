@@ -114,8 +114,10 @@ def test_the_summary_answers_what_the_replay_answers_on_random_workloads(summary
             one_pass = max(float(v) for k, v in summary_lane.hgetall(COST_KEY).items() if k.startswith(shape + "#"))
             assert summarised.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack + one_pass)
             if index in places:  # a job that joined since is interpolated between these samples
+                # The same forecast arrivals as above can move it by one pass (CI: 5.92 against
+                # 6.42 with a slack of 0.06: the replay read the arrival rate a moment later).
                 by_place = queue_summary.queued_job_estimate(shape, count, enqueued_at, model_name=MODEL)
-                assert by_place.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack)
+                assert by_place.eta_seconds == pytest.approx(replayed.eta_seconds, abs=slack + one_pass)
 
 
 @pytest.mark.django_db

@@ -119,6 +119,7 @@ def test_the_embedded_key_is_made_once_kept_private_and_survives_a_restart(tmp_p
     assert _fingerprint(tmp_path / "elsewhere").stdout.split()[-1] != first.stdout.split()[-1], "per installation"
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_production_refuses_to_start_without_a_valid_key_and_certificate(tmp_path):
     production = {"IMAGEGEN_EMBEDDED": "false", "DJANGO_SECRET_KEY": "x" * 50}
     missing = _fingerprint(tmp_path, production)
@@ -137,6 +138,7 @@ def test_production_refuses_to_start_without_a_valid_key_and_certificate(tmp_pat
     assert not (tmp_path / signing_credentials.FOLDER).exists(), "production makes no key of its own"
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_the_cli_verifies_a_file_and_says_when_it_does_not(tmp_path, settings):
     good, bad = tmp_path / "good.jpeg", tmp_path / "bad.jpeg"
     good.write_bytes(signed("jpeg"))

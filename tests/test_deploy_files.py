@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+import pytest
 import yaml
 from django.conf import settings
 
@@ -329,6 +330,7 @@ def test_the_images_default_command_is_a_procfile_line_and_exists():
             assert re.search(rf"^{attr}\b", source.read_text(), re.M), word
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_the_containerfile_installs_the_projects_requirements():
     """requirements.txt is copied from the project and installed with -r; the only other package
     named is torch, at requirements.txt's exact pin read from that file, from TORCH_INDEX (by
@@ -350,6 +352,8 @@ def test_the_containerfile_installs_the_projects_requirements():
     assert ("ARG", "TORCH_INDEX=https://download.pytorch.org/whl/cpu") in instructions(), "the default image's torch is not the CPU build"
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
+@pytest.mark.once
 def test_the_requirements_resolve_in_a_clean_virtualenv(tmp_path):
     """`pip install --dry-run -r requirements.txt` in a fresh virtualenv, through the configured
     package indexes (the local ones and the registry) and the local wheel cache: everything

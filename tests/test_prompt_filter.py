@@ -624,6 +624,7 @@ def test_shipped_policy_has_the_required_categories_and_thresholds(rules_filter)
     assert rules_filter.category("demo_borderline").rule_decision == "review"
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_loading_the_filter_does_not_import_django():
     code = (
         "import sys; from safety.prompt_filter import PromptFilter; "

@@ -248,6 +248,7 @@ def test_store_bytes_retries_transient_errors_a_bounded_number_of_times(tmp_path
 
 
 @override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=2, IMAGEGEN_UPLOAD_BACKOFF=0.01)
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_an_unreachable_bucket_fails_after_the_bounded_retries():
     from botocore.exceptions import EndpointConnectionError
     from django.core.files.storage import storages
@@ -403,6 +404,7 @@ def test_retention_is_scheduled_on_the_io_queue_and_registered():
     assert "jobs.pipeline.retention.run_retention" in app.tasks and "jobs.media.cdn.retry_purge" in app.tasks
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_http_purge_hook_sends_purge_and_a_failing_hook_is_retried_later(monkeypatch):
     from jobs.media import cdn
 

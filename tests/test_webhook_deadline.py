@@ -51,6 +51,7 @@ def trickler():
     server.close()
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_a_trickling_receiver_is_cut_off_at_the_attempts_total_deadline(trickler):
     with override_settings(EMBEDDED=True, IMAGEGEN_WEBHOOK_TIMEOUT=1.5):
         started = time.monotonic()
@@ -61,6 +62,7 @@ def test_a_trickling_receiver_is_cut_off_at_the_attempts_total_deadline(trickler
     assert took < 4, took
 
 
+@pytest.mark.integration  # starts a process or opens a socket of its own
 def test_a_prompt_receiver_is_answered_within_the_deadline():
     """The deadline does not cut a receiver that answers in time."""
     server = socket.socket()
