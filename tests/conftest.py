@@ -360,12 +360,15 @@ INTEGRATION_FIXTURES = {
 }
 
 
+def _module(item) -> str:
+    return item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+
+
 def layer_of(item) -> str:
     for name in LAYERS:
         if item.get_closest_marker(name):
             return name
-    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-    if module in FAULT_MODULES or any(word in item.name for word in FAULT_WORDS):
+    if _module(item) in FAULT_MODULES or any(word in item.name for word in FAULT_WORDS):
         return "fault"
     django_db = item.get_closest_marker("django_db")
     transactional = django_db is not None and (django_db.kwargs.get("transaction") or
@@ -381,8 +384,7 @@ def pytest_collection_modifyitems(config, items):
         layer = layers[item.nodeid] = layer_of(item)
         if not item.get_closest_marker(layer):
             item.add_marker(layer)
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
-        if layer == "fault" and module in ONCE_MODULES:
+        if layer == "fault" and _module(item) in ONCE_MODULES:
             item.add_marker("once")
     # Cheapest first (a stable sort: each layer keeps the files' order): a broken decision shows
     # in the first minute, not after the fleets.
@@ -413,34 +415,27 @@ class LayerViolation(AssertionError):
 def _unit_layer_guard(request, monkeypatch):
     """A unit test that starts a process or connects anywhere but the run's database and Redis
     fails here: it belongs to the integration layer (mark it so, or give it the fixture it needs)."""
-    if layer_of(request.node) != "unit":
+    if not request.node.get_closest_marker("unit"):  # added at collection (pytest_collection_modifyitems)
         yield
         return
     import socket
 
     allowed = _allowed_addresses()
-    connect = socket.socket.connect
-    connect_ex = socket.socket.connect_ex
 
-    def check(address) -> None:
-        if isinstance(address, tuple) and len(address) >= 2:
-            host = "127.0.0.1" if address[0] in ("localhost", "::1") else address[0]
-            if (host, int(address[1])) not in allowed:
-                raise LayerViolation(f"a unit test connected to {address}: mark it integration")
-
-    def guarded_connect(sock, address):
-        check(address)
-        return connect(sock, address)
-
-    def guarded_connect_ex(sock, address):
-        check(address)
-        return connect_ex(sock, address)
+    def guarded(connect):
+        def checked(sock, address):
+            if isinstance(address, tuple) and len(address) >= 2:
+                host = "127.0.0.1" if address[0] in ("localhost", "::1") else address[0]
+                if (host, int(address[1])) not in allowed:
+                    raise LayerViolation(f"a unit test connected to {address}: mark it integration")
+            return connect(sock, address)
+        return checked
 
     def no_process(*args, **kwargs):
         raise LayerViolation(f"a unit test started a process ({args[1] if len(args) > 1 else kwargs.get('args')}): "
                              "mark it integration")
 
-    monkeypatch.setattr(socket.socket, "connect", guarded_connect)
-    monkeypatch.setattr(socket.socket, "connect_ex", guarded_connect_ex)
+    monkeypatch.setattr(socket.socket, "connect", guarded(socket.socket.connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
     monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
     yield

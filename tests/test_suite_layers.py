@@ -26,8 +26,9 @@ def test_a_unit_test_cannot_connect_past_the_database_and_redis():
 def test_a_unit_test_reaches_the_runs_database_and_redis(redis_client):
     from django.contrib.auth import get_user_model
 
-    assert redis_client.ping()
-    assert get_user_model().objects.count() >= 0
+    assert redis_client.set("layers-probe", "1") and redis_client.get("layers-probe") == "1"
+    get_user_model().objects.create_user(username="layers-probe")
+    assert get_user_model().objects.filter(username="layers-probe").count() == 1
 
 
 @pytest.mark.integration
