@@ -31,8 +31,11 @@ run: install-run
 	PORT=$(PORT) $(PY) scripts/run.py $(if $(VERBOSE),--verbose,)
 
 # Every layer, unit first (tests/conftest.py layer_of: unit, integration, fault).
+# Three pytest-xdist workers, each with its own test database, Redis database (so its own queues),
+# var folder and Celery workers; a file runs whole in one worker. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 3
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The unit layer alone, for the edit loop (about a minute on 2 cores).
 test-fast: install

@@ -374,7 +374,9 @@ class Run:
             while time.monotonic() < deadline:
                 jobs = http.get("/api/v1/jobs", params={"page_size": 100}, headers=headers).json()["results"]
                 mine = [j for j in jobs if j["id"] in ids]
-                if all(j["status"] in TERMINAL for j in mine):
+                # Settled is enough: the shipped classifier may hold a random-seed image for a
+                # moderator, and the warm-up only loads the models.
+                if all(j["status"] in SETTLED for j in mine):
                     return
                 time.sleep(1.0)
         # Where they stopped, and what each worker process last said, to tell a stuck stage from a slow one.

@@ -122,9 +122,7 @@ def worker_env(django_db_setup, django_db_blocker, tiny_model, redis_client):
     return env
 
 
-@pytest.fixture(scope="session")
-def start_worker(worker_env):
-    started: list[Worker] = []
+def _worker_starter(worker_env, started: list[Worker]):
     log_dir = Path(settings.VAR_DIR)
 
     def start(name: str, queues: str, beat: bool = False, wait: bool = True, concurrency: int = 0,
@@ -136,18 +134,68 @@ def start_worker(worker_env):
             worker.wait_ready()
         return worker
 
-    yield start
+    return start
+
+
+@pytest.fixture(scope="session")
+def start_shared_worker(worker_env):
+    """Start a worker that lives until the session ends (the session's and module fixtures')."""
+    started: list[Worker] = []
+    yield _worker_starter(worker_env, started)
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def start_worker(worker_env):
+    """Start a worker of this test's own: stopped (or reaped, if the test killed it) when the
+    test ends, passed or failed, so nothing a test started outlives it."""
+    started: list[Worker] = []
+    yield _worker_starter(worker_env, started)
     for worker in started:
         worker.stop()
 
 
 @pytest.fixture(scope="session")
-def workers(start_worker):
-    """One cpu/io worker with the reaper (beat) and one GPU worker, shared by the session."""
-    cpu = start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True, wait=False)
-    gpu = start_worker("gpu1", f"{settings.QUEUE_GPU},{settings.QUEUE_REWRITE}")
+def workers(start_shared_worker):
+    """One cpu/io worker and one GPU worker, shared by the session. Neither runs a beat: no timer
+    acts between a test's update and its check; a test that needs the reaper asks for `reaper`."""
+    cpu = start_shared_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", wait=False)
+    gpu = start_shared_worker("gpu1", f"{settings.QUEUE_GPU},{settings.QUEUE_REWRITE}")
     cpu.wait_ready()
     return {"cpu": cpu, "gpu": gpu}
+
+
+@pytest.fixture
+def reaper(transactional_db, workers):
+    """The reaper while this test runs: `jobs.pipeline.tasks.reap` called in this process every
+    IMAGEGEN_REAPER_INTERVAL, as a cpu worker's beat sends it in a deployment. It stops before
+    the test's rows are flushed; a pass that fails is logged and the next one runs, as deployed."""
+    import logging
+    import threading
+
+    from django.db import connections
+
+    from jobs.pipeline.tasks import reap
+
+    stop = threading.Event()
+    passes = []
+
+    def loop() -> None:
+        try:
+            while not stop.wait(settings.IMAGEGEN_REAPER_INTERVAL):
+                try:
+                    passes.append(reap())
+                except Exception:
+                    logging.getLogger("tests.reaper").exception("reaper pass failed")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=loop, name="test-reaper", daemon=True)
+    thread.start()
+    yield passes
+    stop.set()
+    thread.join(timeout=60)
 
 
 @pytest.fixture
@@ -386,9 +434,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(layer)
         if layer == "fault" and _module(item) in ONCE_MODULES:
             item.add_marker("once")
-    # Cheapest first (a stable sort: each layer keeps the files' order): a broken decision shows
-    # in the first minute, not after the fleets.
-    items.sort(key=lambda item: LAYERS.index(layers[item.nodeid]))
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker (`make test` runs three, --dist loadfile): the longest files first,
+        # so the fleets and `make run` overlap everything else and the unit layer fills the tail.
+        items.sort(key=lambda item: (_module(item) not in ONCE_MODULES, -LAYERS.index(layers[item.nodeid])))
+    else:
+        # One process (make test-fast, or -n 0): cheapest first (a stable sort: each layer keeps
+        # the files' order): a broken decision shows in the first minute, not after the fleets.
+        items.sort(key=lambda item: LAYERS.index(layers[item.nodeid]))
 
 
 def _allowed_addresses() -> set[tuple[str, int]]:
@@ -439,3 +492,27 @@ def _unit_layer_guard(request, monkeypatch):
     monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
     monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
     yield
+
+
+# Each layer's count, summed test time and ten slowest tests, at the end of every run (under
+# pytest-xdist the controller sees every worker's reports).
+_TIMES: dict[str, list] = {}
+
+
+def pytest_runtest_logreport(report):
+    layer = next((name for name in LAYERS if name in report.keywords), None)
+    if layer is not None:
+        _TIMES.setdefault(report.nodeid, [layer, 0.0])[1] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _TIMES:
+        return
+    terminalreporter.section("layers (sum of setup, call and teardown)")
+    for layer in LAYERS:
+        tests = sorted(((t, nodeid) for nodeid, (name, t) in _TIMES.items() if name == layer), reverse=True)
+        if not tests:
+            continue
+        terminalreporter.write_line(f"{layer}: {len(tests)} tests, {sum(t for t, _ in tests):.0f} s; slowest:")
+        for t, nodeid in tests[:10]:
+            terminalreporter.write_line(f"  {t:6.1f} s  {nodeid}")

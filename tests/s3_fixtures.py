@@ -58,12 +58,12 @@ def s3_lane_env(server: SeaweedS3) -> dict:
 
 
 @pytest.fixture(scope="session")
-def s3_stage_worker(seaweed, start_worker):
+def s3_stage_worker(seaweed, start_shared_worker):
     """The S3 lane's classify and publish stages."""
-    return start_worker("s3-stages", f"{S3_CLASSIFY_QUEUE},{S3_IO_QUEUE}",
+    return start_shared_worker("s3-stages", f"{S3_CLASSIFY_QUEUE},{S3_IO_QUEUE}",
                         **s3_lane_env(seaweed))
 
 
 @pytest.fixture(scope="session")
-def s3_gpu_worker(seaweed, start_worker, s3_stage_worker):
-    return start_worker("gpu-s3", f"{settings.QUEUE_GPU_PREFIX}{S3_MODEL_NAME}", **s3_lane_env(seaweed))
+def s3_gpu_worker(seaweed, start_shared_worker, s3_stage_worker):
+    return start_shared_worker("gpu-s3", f"{settings.QUEUE_GPU_PREFIX}{S3_MODEL_NAME}", **s3_lane_env(seaweed))

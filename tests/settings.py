@@ -6,6 +6,7 @@ processes read exactly the same configuration through imagegen.settings.
 """
 
 import atexit
+import json
 import os
 import sys
 import tempfile
@@ -13,15 +14,31 @@ from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent
 
-if "IMAGEGEN_TEST_PREPARED" not in os.environ:
-    os.environ["IMAGEGEN_TEST_PREPARED"] = "1"
-    var = Path(tempfile.mkdtemp(prefix="imagegen-test-"))
+# Each pytest-xdist worker (PYTEST_XDIST_WORKER gw0, gw1, ...) prepares its own var folder,
+# Redis database (and so its own Celery queues) and model copy; pytest-django gives it its own
+# test database. A worker inherits the controller's prepared environment: it starts again from
+# what the run was given.
+_WHO = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_OURS = ("IMAGEGEN_", "REDIS_URL")
+
+if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
+    if "IMAGEGEN_TEST_GIVEN_ENV" in os.environ:
+        given = json.loads(os.environ["IMAGEGEN_TEST_GIVEN_ENV"])
+        for name in [n for n in os.environ if n.startswith(_OURS) and n != "IMAGEGEN_TEST_GIVEN_ENV"]:
+            del os.environ[name]
+        os.environ.update(given)
+    else:
+        os.environ["IMAGEGEN_TEST_GIVEN_ENV"] = json.dumps({n: v for n, v in os.environ.items() if n.startswith(_OURS)})
+    os.environ["IMAGEGEN_TEST_PREPARED"] = _WHO
+    _INDEX = int(_WHO[2:]) if _WHO.startswith("gw") and _WHO[2:].isdigit() else 0
+    var = Path(tempfile.mkdtemp(prefix=f"imagegen-test-{_WHO}-"))
     os.environ["IMAGEGEN_VAR_DIR"] = str(var)
     if os.environ.get("REDIS_URL"):
         # A shared server: use a database of its own, emptied at the start (9, or
-        # IMAGEGEN_TEST_REDIS_DB: two runs on one server at once each need their own).
+        # IMAGEGEN_TEST_REDIS_DB: two runs on one server at once each need their own; an xdist
+        # worker adds its index).
         base = os.environ["REDIS_URL"].rsplit("/", 1)[0] if os.environ["REDIS_URL"].count("/") >= 3 else os.environ["REDIS_URL"]
-        os.environ["REDIS_URL"] = f"{base}/{os.environ.get('IMAGEGEN_TEST_REDIS_DB', '9')}"
+        os.environ["REDIS_URL"] = f"{base}/{int(os.environ.get('IMAGEGEN_TEST_REDIS_DB', '9')) + _INDEX}"
     else:
         sys.path.insert(0, str(_ROOT))
         from scripts.private_redis import start

@@ -115,7 +115,7 @@ def test_an_image_in_a_batch_equals_the_same_request_made_alone(workers, alice_a
     assert diff <= 3, f"batched and lone pixels differ by {diff} levels"
 
 
-def test_sigkill_of_a_gpu_worker_mid_batch_loses_no_job_and_duplicates_nothing(workers, start_worker, alice_api):
+def test_sigkill_of_a_gpu_worker_mid_batch_loses_no_job_and_duplicates_nothing(workers, reaper, start_worker, alice_api):
     second = start_worker("gpu-victim", settings.QUEUE_GPU)
     victim_id = f"{second.proc.pid}"
     ids = [submit(alice_api, seed=i, steps=30, count=2, width=64, height=96)["id"] for i in range(6)]
@@ -146,7 +146,7 @@ def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, 
     job = submit(alice_api, steps=2)
     wait_for_status(job["id"], ("done",))
     # Pretend its worker died mid-run on the last allowed attempt. In one transaction with the
-    # pass: the session's reaper (every second) would otherwise see the row first.
+    # pass: a reaper (a deployment's beat, or another test's) would otherwise see the row first.
     with transaction.atomic():
         GenerationJob.objects.filter(id=job["id"]).update(
             status="running", attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
@@ -156,7 +156,7 @@ def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, 
     assert row.status == "failed" and "interrupted" in row.reason
 
 
-def test_flushing_the_schedulers_redis_keys_mid_run_loses_no_job(workers, alice_api, redis_client):
+def test_flushing_the_schedulers_redis_keys_mid_run_loses_no_job(workers, reaper, alice_api, redis_client):
     with gpu_held(alice_api) as blocker:
         ids = [submit(alice_api, seed=i, steps=3, width=96, height=64)["id"] for i in range(5)]
         wait_scheduled(ids, blocker)

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TEN_MB = 10 * 1024 * 1024
 ROUTES = [
     "/v1/images/generations",  # async (Django's ASGI handler)
-    f"/api/v1/jobs/{uuid.uuid4()}/events",  # async
+    f"/api/v1/jobs/{uuid.UUID(int=1)}/events",  # async (a fixed id: every pytest-xdist worker collects the same tests)
     "/api/v1/jobs",
     "/api/v1/account/webhook-secret",
     "/accounts/login/",

@@ -81,9 +81,9 @@ def test_openai_route_replays_the_same_job(alice, settings):
 # --- deadlines ---
 
 @pytest.mark.django_db(transaction=True)
-def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
-    """In a lane with no GPU worker the job stays queued; the real reaper (the cpu worker's beat)
-    cancels it once cancel_after has passed, and it is never charged."""
+def test_a_deadline_cancels_a_queued_job_uncharged(workers, reaper, alice_api):
+    """In a lane with no GPU worker the job stays queued; the reaper (the
+    `reaper` fixture) cancels it once cancel_after has passed, and it is never charged."""
     with admitted_to("no-gpu-deadline"):
         job = alice_api.post("/api/v1/jobs", {**BODY, "cancel_after": 1}, format="json").json()
     assert job["cancel_after"] == 1 and job["deadline_at"]
@@ -101,9 +101,9 @@ def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["reason"] == "deadline passed"
 
 
-def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderators_queue(workers, alice_api):
+def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderators_queue(workers, reaper, alice_api):
     """A borderline prompt waits for a moderator before any GPU time: its deadline still holds
-    (the real reaper cancels it, uncharged), and the moderators' queue no longer lists it."""
+    (the reaper cancels it, uncharged), and the moderators' queue no longer lists it."""
     from jobs.actions import review
 
     job = alice_api.post("/api/v1/jobs", {**BODY, "prompt": "a red heart on a white background", "cancel_after": 2},
@@ -239,9 +239,9 @@ def test_rotating_the_secret_signs_with_the_new_one(alice_api):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_delivery_survives_a_sigkill_of_the_worker_sending_it(workers, start_worker, alice, receiver):
+def test_a_delivery_survives_a_sigkill_of_the_worker_sending_it(workers, reaper, start_worker, alice, receiver):
     """The attempt's worker is killed while the receiver holds its request: the outbox row stays
-    undelivered, and once the attempt's lease ends the reaper (the cpu worker's beat) sends it
+    undelivered, and once the attempt's lease ends the reaper sends it
     again through the webhooks queue."""
     hook = receiver(plan=["hang", 200])
     api = client_for(alice)

@@ -221,7 +221,7 @@ def test_a_blocked_image_never_reaches_public_storage(workers, alice_api, classi
 
 
 def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_image_once(
-    workers, start_worker, alice_api, classifier_mode
+    workers, reaper, start_worker, alice_api, classifier_mode
 ):
     """This lane's batches are classified by a worker of their own (a classify queue nobody
     else consumes), killed while the gate hangs; the reaper re-runs the stage (on the session's
@@ -260,7 +260,7 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
 
 
 def test_a_publish_that_dies_after_copying_and_before_committing_is_finished_once_by_the_reaper(
-    workers, start_worker, alice_api, monkeypatch, redis_client
+    workers, reaper, start_worker, alice_api, monkeypatch, redis_client
 ):
     """This lane's publish messages go to a queue nobody consumes; this process publishes and
     dies between the copy to public storage and the transaction. The reaper re-runs the stage

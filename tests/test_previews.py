@@ -13,11 +13,11 @@ LANE = "previews"
 
 
 @pytest.fixture(scope="module")
-def preview_worker(start_worker):
+def preview_worker(start_shared_worker):
     # A preview every 2 steps, unthrottled; the fill wait holds a lone job back long enough for
     # the test to subscribe before its pass starts.
-    worker = start_worker("gpu-previews", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_MODEL_NAME=LANE,
-                          IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
+    worker = start_shared_worker("gpu-previews", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_MODEL_NAME=LANE,
+                                 IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
     yield worker
     worker.stop()
 

@@ -54,7 +54,7 @@ def classifier_off():
     fake_classifiers.set_mode(None)
 
 
-def test_sigkill_of_gpu_workers_mid_batch_again_and_again_loses_and_duplicates_nothing(workers, start_worker, alice_api, classifier_off):
+def test_sigkill_of_gpu_workers_mid_batch_again_and_again_loses_and_duplicates_nothing(workers, reaper, start_worker, alice_api, classifier_off):
     # The session's gpu1 keeps running; the victims are killed mid-batch and restarted.
     stack = FixtureStack(start_worker)
     serial = iter(range(1000))

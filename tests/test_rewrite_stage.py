@@ -165,7 +165,7 @@ rewrite_stage.run(sys.argv[1])
 """
 
 
-def test_a_rewriter_killed_mid_pass_loses_nothing(workers, worker_env, alice_api, settings):
+def test_a_rewriter_killed_mid_pass_loses_nothing(workers, reaper, worker_env, alice_api, settings):
     """A worker claims the job and is SIGKILLed inside its forward pass: the lease runs out, the
     prompt stage's re-send wakes another rewriter, whose run counts the second attempt; the job
     is drawn with its rewritten prompt."""

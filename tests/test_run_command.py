@@ -259,3 +259,9 @@ def test_a_worker_that_refuses_to_start_leaves_no_pool_process_behind(tmp_path, 
     finally:
         for pid in _processes_with(marker):
             os.kill(pid, signal.SIGKILL)
+        # Its refusal is written to the run's Redis for /readyz (a worker that starts cleanly
+        # clears it): clear it here, so a later test's readiness is not this worker's.
+        from gpu_tasks.worker import GATE_ERROR_KEY
+        from imagegen.redis_client import PREFIX, get_redis
+
+        get_redis().delete(PREFIX + GATE_ERROR_KEY)

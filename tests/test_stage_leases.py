@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_classify_stage_slower_than_the_lease_behind_a_backlog_delivers_every_job(
-    workers, start_worker, alice_api, classifier_mode
+    workers, reaper, start_worker, alice_api, classifier_mode
 ):
     """Three batches (three shapes) wait for one classify worker whose gate takes longer than a
     lease; the last waits in its queue for about three leases. None is declared stuck, none is
@@ -148,9 +148,8 @@ def test_prompt_checks_have_a_pool_of_their_own_in_make_run():
 def test_the_age_of_each_batch_stage_queue_is_a_gauge():
     """A batch waiting unstarted in classify shows as the classify queue's age at /metrics.
 
-    Its row stays inside this test's transaction: the suite's workers run the reaper every
-    second, and a committed batch unstarted past IMAGEGEN_STAGE_RESEND_SECONDS would be re-sent
-    (its age reset to 0) by them."""
+    Its row stays inside this test's transaction: a reaper (a fault test's beat worker) would
+    re-send a committed batch unstarted past IMAGEGEN_STAGE_RESEND_SECONDS (its age reset to 0)."""
     from datetime import timedelta
 
     from django.test import Client

@@ -4,6 +4,7 @@ its fixtures and name say."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 
@@ -48,3 +49,32 @@ def test_each_layer_is_derived_from_what_the_test_uses(request):
             assert layer == "fault", nodeid
         if "tests/test_generation.py::" in nodeid:  # real workers
             assert layer == "integration", nodeid
+
+
+@pytest.mark.django_db
+def test_each_pytest_xdist_worker_has_its_own_var_folder_and_redis_database(settings):
+    """`make test` runs three pytest-xdist workers (gw0-gw2): each prepares its own var folder and
+    Redis database (so its own Celery queues); pytest-django gives each its own test database."""
+    import os
+    from pathlib import Path
+
+    who = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    assert os.environ["IMAGEGEN_TEST_PREPARED"] == who
+    assert Path(settings.VAR_DIR).name.startswith(f"imagegen-test-{who}-")
+    assert str(settings.IMAGEGEN_MODEL_PATH).startswith(str(settings.VAR_DIR))
+    given = json.loads(os.environ["IMAGEGEN_TEST_GIVEN_ENV"]).get("REDIS_URL")
+    if given:  # a shared server: database 9 (IMAGEGEN_TEST_REDIS_DB) plus the worker's index
+        index = int(who[2:]) if who.startswith("gw") else 0
+        assert settings.REDIS_URL.rsplit("/", 1)[1] == str(int(os.environ.get("IMAGEGEN_TEST_REDIS_DB", "9")) + index)
+    if who != "main":
+        from django.db import connection
+
+        assert who in str(connection.settings_dict["NAME"])
+
+
+@pytest.mark.integration
+def test_the_shared_workers_run_no_beat(workers):
+    """No timer acts between a test's update and its check: the reaper runs only where a test
+    asks for it (the `reaper` fixture)."""
+    for worker in workers.values():
+        assert "-B" not in worker.proc.args and worker.proc.poll() is None

@@ -30,17 +30,17 @@ LANE = "watchlane"
 
 
 @pytest.fixture(scope="module")
-def slice_(worker_env, start_worker, tmp_path_factory):
+def slice_(worker_env, start_shared_worker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("watchers")
     holder = SimpleNamespace()
     holder.redis, url = start_redis(tmp / "redis")
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     env = {"REDIS_URL": url, "IMAGEGEN_MODEL_NAME": LANE}
-    cpu = start_worker("watch-cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True,
+    cpu = start_shared_worker("watch-cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}", beat=True,
                        wait=False, **env)
     # The simulated accelerator (it sleeps by the cost model): a 150-step pass lasts ~12 s, so
     # Redis surely goes away in the middle of it.
-    gpu = start_worker("watch-gpu", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_ACCELERATOR="simulated",
+    gpu = start_shared_worker("watch-gpu", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_ACCELERATOR="simulated",
                        IMAGEGEN_SIM_STEP_MS="80", **env)
     cpu.wait_ready()
     web = start_daphne({**os.environ, "DATABASE_URL": _database_url(), "DJANGO_SETTINGS_MODULE": "imagegen.settings", **env},
