@@ -278,7 +278,7 @@ def bob_api(bob):
     return client_for(bob)
 
 
-def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", "review"), timeout: float = 60.0):
+def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", "review"), timeout: float = 180.0):
     from jobs.models import GenerationJob
 
     deadline = time.monotonic() + timeout

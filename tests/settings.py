@@ -55,6 +55,9 @@ if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
     os.environ.setdefault("IMAGEGEN_DEFAULT_STEPS", "4")
     os.environ.setdefault("IMAGEGEN_METRICS_CACHE_SECONDS", "0")  # scrapes see each test's rows at once
     os.environ.setdefault("IMAGEGEN_FILL_WAIT", "0.3")
+    # The queue-wait limit is tested where a test sets it: on a loaded 2-core machine an honest
+    # estimate behind another test's blocker can pass the 120 s default.
+    os.environ.setdefault("IMAGEGEN_MAX_QUEUE_WAIT", "3600")
     os.environ.setdefault("IMAGEGEN_BATCH_CAP", "4")
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")
     os.environ.setdefault("IMAGEGEN_REAPER_INTERVAL", "1")

@@ -7,7 +7,8 @@ import time
 
 import pytest
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels import DEFAULT_CHANNEL_LAYER
+from channels.layers import channel_layers
 
 from jobs.models import Batch, GeneratedImage, GenerationJob
 from jobs.realtime.events import group_name
@@ -31,7 +32,9 @@ class Watcher:
     async def _run(self):
         import asyncio
 
-        layer = get_channel_layer()
+        # A layer of its own: channels_redis binds a layer's receive lock to the first loop that
+        # receives on it, and the process-wide layer may have served another test's loop.
+        layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
         channel = await layer.new_channel()
         await layer.group_add(group_name(self.job_id), channel)
         self.subscribed.set()

@@ -10,8 +10,9 @@ import weakref
 from types import SimpleNamespace
 from typing import cast
 
+from channels import DEFAULT_CHANNEL_LAYER
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
+from channels.layers import channel_layers
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 from redis.exceptions import RedisError
@@ -178,7 +179,7 @@ class _Reader:
             task.cancel()
         if self.channel_ready.done() and not self.channel_ready.cancelled():
             try:
-                await asyncio.wait_for(get_channel_layer().group_discard(group_name(self.job_id), self.channel_ready.result()),
+                await asyncio.wait_for(self.hub.layer.group_discard(group_name(self.job_id), self.channel_ready.result()),
                                        JOIN_DEADLINE)
             except Exception:  # the group entry expires by itself
                 log.warning("could not leave the group of job %s", self.job_id, exc_info=True)
@@ -188,7 +189,7 @@ class _Reader:
             sub.queue.put_nowait(event)
 
     async def _receive(self) -> None:
-        layer = get_channel_layer()
+        layer = self.hub.layer
         channel = await layer.new_channel()  # a name only: no Redis call
         self.channel_ready.set_result(channel)
         while True:
@@ -209,7 +210,7 @@ class _Reader:
             self._fan_out(event)
 
     async def _keep_joined(self) -> None:
-        layer = get_channel_layer()
+        layer = self.hub.layer
         channel = await self.channel_ready
         while True:
             try:
@@ -260,6 +261,10 @@ class JobHub:
         self.subscribers: dict[str, set[_Subscription]] = {}
         self.readers: dict[str, _Reader] = {}
         self.lock = asyncio.Lock()
+        # A channel layer of this hub's own: channels_redis binds a layer's receive lock to the
+        # loop that first receives on it, so a second loop (a test client's next async request)
+        # receiving on the process-wide layer waits on the first loop's lock forever.
+        self.layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
 
     async def subscribe(self, job_id) -> _Subscription:
         """Never fails for Redis: the join is retried in the background, and until it succeeds
