@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The suite under load: `make test` three times in a row on each database (the machine's
+# The suite under load: `make test` (three xdist workers) three times in a row on each database (the machine's
 # PostgreSQL and Redis as CI uses them, then the embedded default), with two CPU-bound processes
 # running beside it the whole time, as a shared CI machine would have. Prints each run's time and
 # closing line and exits non-zero if any run failed. Logs go to var/stress/.
@@ -17,7 +17,8 @@ mkdir -p var/stress
 
 burners=()
 cleanup() { for pid in "${burners[@]}"; do kill "$pid" 2>/dev/null; done; wait 2>/dev/null; }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+trap 'exit 130' INT TERM  # stop here (the EXIT trap then stops the burners), not at the next run
 for _ in 1 2; do
   python3 -c 'while True: pass' &
   burners+=($!)
