@@ -122,38 +122,29 @@ def worker_env(django_db_setup, django_db_blocker, tiny_model, redis_client):
     return env
 
 
-def _worker_starter(worker_env, started: list[Worker]):
+def _started_workers(worker_env):
+    """A starter of workers on ``queues`` (the solo pool, or ``concurrency`` prefork processes);
+    every worker it started is stopped (or reaped, if it was killed) when the fixture ends."""
+    started: list[Worker] = []
     log_dir = Path(settings.VAR_DIR)
 
     def start(name: str, queues: str, beat: bool = False, wait: bool = True, concurrency: int = 0,
               **env_overrides) -> Worker:
-        """A worker on ``queues``: the solo pool, or ``concurrency`` prefork processes."""
         worker = Worker(name, queues, {**worker_env, **env_overrides}, log_dir, beat=beat, concurrency=concurrency)
         started.append(worker)
         if wait:
             worker.wait_ready()
         return worker
 
-    return start
-
-
-@pytest.fixture(scope="session")
-def start_shared_worker(worker_env):
-    """Start a worker that lives until the session ends (the session's and module fixtures')."""
-    started: list[Worker] = []
-    yield _worker_starter(worker_env, started)
+    yield start
     for worker in started:
         worker.stop()
 
 
-@pytest.fixture
-def start_worker(worker_env):
-    """Start a worker of this test's own: stopped (or reaped, if the test killed it) when the
-    test ends, passed or failed, so nothing a test started outlives it."""
-    started: list[Worker] = []
-    yield _worker_starter(worker_env, started)
-    for worker in started:
-        worker.stop()
+# Workers of the session and of module fixtures; a test's own workers (start_worker) stop when
+# the test ends, passed or failed, so nothing a test started outlives it.
+start_shared_worker = pytest.fixture(_started_workers, scope="session", name="start_shared_worker")
+start_worker = pytest.fixture(_started_workers, name="start_worker")
 
 
 @pytest.fixture(scope="session")
@@ -179,13 +170,12 @@ def reaper(transactional_db, workers):
     from jobs.pipeline.tasks import reap
 
     stop = threading.Event()
-    passes = []
 
     def loop() -> None:
         try:
             while not stop.wait(settings.IMAGEGEN_REAPER_INTERVAL):
                 try:
-                    passes.append(reap())
+                    reap()
                 except Exception:
                     logging.getLogger("tests.reaper").exception("reaper pass failed")
         finally:
@@ -193,7 +183,7 @@ def reaper(transactional_db, workers):
 
     thread = threading.Thread(target=loop, name="test-reaper", daemon=True)
     thread.start()
-    yield passes
+    yield
     stop.set()
     thread.join(timeout=60)
 
