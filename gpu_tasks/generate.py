@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
 from PIL import Image
 from redis.exceptions import RedisError
 
@@ -77,9 +77,19 @@ def take_and_claim(lane: str) -> Claimed | None:
     FILL_WAIT for more of its shape, claiming each arrival as it is taken. (Claiming right after
     taking keeps the window in which a job is neither in Redis nor running to milliseconds, so
     the reaper's rebuild does not re-enqueue work that a worker is about to run.)"""
-    taken = scheduler.take(lane)
-    if taken is None:
-        return None
+    while True:
+        taken = scheduler.take(lane)
+        if taken is None:
+            return None
+        claimed = _claim_taken(lane, taken)
+        if claimed is not None:
+            return claimed
+        # Every entry taken was stale (its job deleted, cancelled or running already): the token
+        # takes again, or the live jobs behind such entries would wait for the reaper's next
+        # token. Each take removes what it took, so this ends when the queue does.
+
+
+def _claim_taken(lane: str, taken: scheduler.Taken) -> Claimed | None:
     shape = taken.shape
     info = scheduler.parse_shape(shape)
     cap = scheduler.cap_for(info["width"], info["height"], info["model_version"])
@@ -94,15 +104,15 @@ def take_and_claim(lane: str) -> Claimed | None:
             counts[str(job.id)] = next(e.count for e in fresh if e.job_id == str(job.id))
 
     claim(taken.entries)
+    if not jobs:  # nothing live among what was taken: no fill wait for a batch that has no job
+        actions.drop_unclaimed_batch(batch.id)
+        return None
     deadline = time.monotonic() + scheduler.fill_wait_for(info["model_version"])
     while sum(counts.values()) < cap and time.monotonic() < deadline:
         time.sleep(0.02)
         more = scheduler.take(lane, only_shape=shape, max_images=cap - sum(counts.values()))
         if more is not None:
             claim(more.entries)
-    if not jobs:
-        actions.drop_unclaimed_batch(batch.id)
-        return None
     for job in jobs.values():
         if job.queue_wait_seconds is not None:
             metrics.observe("imagegen_queue_wait_seconds", job.queue_wait_seconds)
@@ -448,13 +458,15 @@ class _Abandoned(Exception):
 
 
 def _retry_db(operation):
-    """The database is the truth, so a hand-off waits for it through an outage (bounded)."""
+    """The database is the truth, so a hand-off waits for it through an outage (bounded). Only
+    an outage: an error the same statement would raise again (an integrity or programming error)
+    is raised at once, not retried for ten minutes while the hand-off queue stops the GPU."""
     deadline = time.monotonic() + HANDOFF_DB_RETRY_SECONDS
     delay = 0.5
     while True:
         try:
             return operation()
-        except DatabaseError:
+        except (OperationalError, InterfaceError):
             if time.monotonic() > deadline:
                 raise
             log.warning("database unavailable during a hand-off; retrying in %.1fs", delay)
