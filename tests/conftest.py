@@ -506,3 +506,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{layer}: {len(tests)} tests, {sum(t for t, _ in tests):.0f} s; slowest:")
         for t, nodeid in tests[:10]:
             terminalreporter.write_line(f"  {t:6.1f} s  {nodeid}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # A failed run keeps this process's var folder (worker logs, storage) for reading; a passed
+    # one's is removed at exit (tests/settings.py).
+    import tests.settings as test_settings
+
+    if exitstatus != 0 or session.testsfailed:
+        test_settings.KEEP_VAR = True
+        var = os.environ.get("IMAGEGEN_VAR_DIR", "")
+        if var:
+            session.config.get_terminal_writer().line(f"kept for reading: {var}")

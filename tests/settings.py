@@ -8,6 +8,7 @@ processes read exactly the same configuration through imagegen.settings.
 import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +22,22 @@ _ROOT = Path(__file__).resolve().parent.parent
 _WHO = os.environ.get("PYTEST_XDIST_WORKER", "main")
 _OURS = ("IMAGEGEN_", "REDIS_URL")
 
+KEEP_VAR = False  # set by tests/conftest.py when the run failed: its worker logs stay to be read
+
+
+def _clean_up(var: Path, redis_proc) -> None:
+    """At exit of the process that prepared it: its private Redis stops and, unless the run
+    failed, its var folder goes (about 30 MB a run: model copy, logs, storage)."""
+    if redis_proc is not None:
+        redis_proc.terminate()
+        try:
+            redis_proc.wait(10)
+        except Exception:
+            redis_proc.kill()
+    if not KEEP_VAR:
+        shutil.rmtree(var, ignore_errors=True)
+
+
 if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
     if "IMAGEGEN_TEST_GIVEN_ENV" in os.environ:
         given = json.loads(os.environ["IMAGEGEN_TEST_GIVEN_ENV"])
@@ -32,6 +49,7 @@ if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
     os.environ["IMAGEGEN_TEST_PREPARED"] = _WHO
     _INDEX = int(_WHO[2:]) if _WHO.startswith("gw") and _WHO[2:].isdigit() else 0
     var = Path(tempfile.mkdtemp(prefix=f"imagegen-test-{_WHO}-"))
+    _redis_proc = None
     os.environ["IMAGEGEN_VAR_DIR"] = str(var)
     if os.environ.get("REDIS_URL"):
         # A shared server: use a database of its own, emptied at the start (9, or
@@ -45,7 +63,7 @@ if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
 
         _redis_proc, url = start(var / "redis")
         os.environ["REDIS_URL"] = url
-        atexit.register(_redis_proc.terminate)
+    atexit.register(_clean_up, var, _redis_proc)
     os.environ.setdefault("IMAGEGEN_MODEL_PATH", str(var / "models" / "tiny-random"))
     os.environ.setdefault("IMAGEGEN_MODEL_VERSION", "tiny-random")
     # A real gate over a scripted classifier: tests switch it to raise, hang, block, ... at will.
