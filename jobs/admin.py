@@ -11,8 +11,28 @@ class GenerationJobAdmin(admin.ModelAdmin):
     search_fields = ("id", "prompt", "owner__username")
     readonly_fields = [f.name for f in GenerationJob._meta.fields]
 
+    actions = ["delete_through_the_service"]
+
     def has_add_permission(self, request):
         return False
+
+    # The admin's own delete (one row or the bulk action) removes rows and leaves their public
+    # bytes on storage and the CDN: jobs go through jobs.actions.delete_job, as the owner's do.
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_delete_through_the_service_permission(self, request):
+        return request.user.has_perm("jobs.delete_generationjob")
+
+    @admin.action(description="Delete selected jobs (cancel, take the public images down; the safety record stays)",
+                  permissions=["delete_through_the_service"])
+    def delete_through_the_service(self, request, queryset):
+        from jobs.actions import delete_job
+
+        jobs = list(queryset)
+        for job in jobs:
+            delete_job(job)
+        self.message_user(request, f"deleted {len(jobs)} job(s)", messages.SUCCESS)
 
 
 @admin.register(GeneratedImage)
@@ -28,6 +48,9 @@ class GeneratedImageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # an image goes with its job (jobs.actions.delete_job) or is taken down (below)
 
     @admin.action(description="Reject delivered image(s): take down and purge from the CDN", permissions=["review"])
     def reject_delivered(self, request, queryset):
@@ -51,6 +74,9 @@ class GeneratedImageAdmin(admin.ModelAdmin):
 class BatchAdmin(admin.ModelAdmin):
     list_display = ("started_at", "width", "height", "steps", "size", "cap", "gpu_seconds", "worker")
     readonly_fields = [f.name for f in Batch._meta.fields]
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # its jobs and images point at it: they go through the actions, not a row delete
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):

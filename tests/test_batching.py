@@ -30,7 +30,7 @@ def gpu_held(api):
     behind it would then run as they arrive)."""
     job = submit(api, width=96, height=96, steps=settings.IMAGEGEN_MAX_STEPS, count=4, prompt="a busy blocker")
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while GenerationJob.objects.get(id=job["id"]).status != "running":
             assert time.monotonic() < deadline, "the blocker never started"
             time.sleep(0.05)

@@ -165,10 +165,13 @@ rewrite_stage.run(sys.argv[1])
 """
 
 
-def test_a_rewriter_killed_mid_pass_loses_nothing(workers, reaper, worker_env, alice_api, settings):
+def test_a_rewriter_killed_mid_pass_loses_nothing(workers, worker_env, alice_api, settings, request):
     """A worker claims the job and is SIGKILLed inside its forward pass: the lease runs out, the
     prompt stage's re-send wakes another rewriter, whose run counts the second attempt; the job
-    is drawn with its rewritten prompt."""
+    is drawn with its rewritten prompt. The reaper starts once the doomed worker holds the job
+    (before, its re-send of the prompt check, IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS after the
+    submit, could hand the job to the session's rewriter while the doomed process was still
+    starting on a loaded machine)."""
     from jobs.models import GenerationJob
 
     settings.QUEUE_REWRITE = "rewrite-nobody"  # the first wake goes nowhere: the doomed process claims it
@@ -178,7 +181,7 @@ def test_a_rewriter_killed_mid_pass_loses_nothing(workers, reaper, worker_env, a
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         line = ""
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 180
         while "CLAIMED" not in line and time.monotonic() < deadline and doomed.poll() is None:
             line = doomed.stdout.readline()
         assert "CLAIMED" in line, doomed.stdout.read() if doomed.poll() is not None else line
@@ -188,8 +191,9 @@ def test_a_rewriter_killed_mid_pass_loses_nothing(workers, reaper, worker_env, a
         if doomed.poll() is None:
             os.killpg(doomed.pid, signal.SIGKILL)  # inside its forward pass, as a lost host would
         doomed.wait(timeout=10)
+    request.getfixturevalue("reaper")
     resend = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS + settings.IMAGEGEN_LEASE_SECONDS
-    done = wait_for_status(job_id, ("done",), timeout=resend + 60)
+    done = wait_for_status(job_id, ("done",), timeout=resend + 180)
     assert done.rewrite_attempts == 2 and done.drawn_prompt == DRAWN and done.reason == ""
     assert done.images.count() == 1
 
@@ -316,3 +320,53 @@ def test_a_rewrite_woken_by_another_job_leaves_an_unchecked_prompt_alone(workers
     assert stages_seen <= {"prompt"}, stages_seen  # at most its own check (a re-send by the reaper)
     if job.status != "queued":
         assert job.status == "blocked" and job.blocked_stage == "prompt", (job.status, job.blocked_stage)
+
+
+def test_an_approved_prompt_is_not_asked_about_again_at_its_rewrite_so_a_job_asks_at_most_twice(
+    workers, alice_api, moderator, classifier_mode,
+):
+    """A free-form heart prompt is held at its check and a moderator approves it; the rewriter
+    writes it in the shapes' words, which the gate holds for the same category: the question
+    the moderator answered, so the job goes on to generation. Its images, held by the image
+    gate, are the second and last question (it asked three times before: prompt, rewrite, image)."""
+    from jobs.actions import approve
+    from safety.models import SafetyVerdict
+
+    job_id = submit(alice_api, "a crimson heart against a snowy background", seed=3601)["id"]
+    held = wait_for_status(job_id, ("review",))
+    assert held.blocked_stage == "prompt", held.reason
+    classifier_mode('json:{"heart": 0.8}')  # the image gate holds every image
+    approve(held, moderator, "a heart shape is fine")
+    again = wait_for_status(job_id, ("review",))
+    assert again.blocked_stage == "image", (again.blocked_stage, again.reason)
+    assert again.revised_prompt == "a red heart on a white background"
+    rewrite_verdict = SafetyVerdict.objects.get(job_id=job_id, stage="rewrite")
+    assert rewrite_verdict.decision == "review"  # the gate's own answer stays on record
+    classifier_mode(None)
+    approve(again, moderator, "fine")
+    done = wait_for_status(job_id, ("done",))
+    human = SafetyVerdict.objects.filter(job_id=job_id, stage="human")
+    assert human.filter(image__isnull=True).count() == 1 and human.filter(image__isnull=False).count() == done.count
+
+
+def test_a_rewrite_raising_a_category_the_moderator_did_not_see_is_asked_about(alice, moderator):
+    """The approval carries only to what the moderator saw: a rewrite held for another category
+    waits for a moderator again (the gate called directly, on a job placed just after its
+    rewrite)."""
+    from django.utils import timezone
+
+    from jobs.models import GenerationJob
+    from jobs.pipeline import prompt_gate
+    from safety.models import SafetyVerdict
+
+    job = GenerationJob.objects.create(
+        owner=alice, prompt="a crimson heart against a snowy background", width=64, height=64, steps=2,
+        guidance_scale=5.0, seed=1, model_version="tiny-random", status="queued", rewrite=True,
+        revised_prompt="a red heart on a white background", rewritten_at=timezone.now(),
+        prompt_checked_at=timezone.now(),
+    )
+    SafetyVerdict.objects.create(job=job, stage="prompt", decision="review", category="another_category")
+    SafetyVerdict.objects.create(job=job, stage="human", decision="allow", reviewer=moderator)
+    assert prompt_gate.gate_prompt(str(job.id)) == "review"
+    job.refresh_from_db()
+    assert (job.status, job.blocked_stage) == ("review", "rewrite")

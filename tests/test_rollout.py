@@ -51,7 +51,7 @@ def test_a_canary_serves_its_share_and_a_rollback_loses_no_queued_job(workers, s
     canary.stop()
     settings.IMAGEGEN_CANARY_SHARE = 1.0
     stranded = [submit(alice_api, seed=6000 + i, steps=3, prompt="a stranded square")["id"] for i in range(2)]
-    deadline = time.monotonic() + 30  # admitted to the canary's lane, where nothing takes them
+    deadline = time.monotonic() + 120  # admitted to the canary's lane, where nothing takes them
     while GenerationJob.objects.filter(id__in=stranded, scheduled_at=None).exists():
         assert time.monotonic() < deadline, "the stranded jobs were never admitted"
         time.sleep(0.05)

@@ -205,6 +205,32 @@ def test_held_for_review_keeps_listening_and_the_moderators_decision_appears_liv
     screenshot(page, "review_approved")
 
 
+def test_a_job_held_again_after_an_approval_shows_one_state(
+    workers, daphne_server, alice, moderator, browser_page, errors, classifier_mode,  # noqa: F811
+):
+    """A held prompt approved, then its images held: the page says "held for review" and nothing
+    else (it went on saying "A moderator approved it: it is being made now" beside it)."""
+    from jobs.actions import approve
+
+    page = browser_page
+    sign_in(page, daphne_server, alice)
+    classifier_mode('json:{"heart": 0.8}')  # the image gate holds every image
+    page.get_by_label("Prompt", exact=True).fill("a red heart on a white background")
+    page.get_by_role("button", name="Generate").click()
+    page.wait_for_function("document.getElementById('current-status').textContent === 'review'")
+    assert "look at the prompt" in page.locator("#next-step").text_content()
+    job = latest_job(alice)
+    off_the_page_loop(approve, job, moderator, "a heart shape is fine")
+    page.wait_for_function("document.getElementById('next-step').textContent.includes('look at the image')",
+                           timeout=120_000)
+    assert page.locator("#current-status").text_content() == "review"
+    assert page.locator("#decision").is_hidden(), page.locator("#decision").text_content()
+    classifier_mode(None)
+    off_the_page_loop(approve, latest_job(alice), moderator, "fine")
+    page.wait_for_selector("#results img.final")
+    assert page.locator("#decision").text_content() == "A moderator approved it."
+
+
 def test_a_blocked_job_shows_its_reason_and_one_appeal_whose_outcome_appears(
     workers, daphne_server, alice, moderator, browser_page, errors,  # noqa: F811
 ):
@@ -243,7 +269,7 @@ def test_gallery_pages_through_every_job(workers, daphne_server, browser_page, e
     from jobs.media.cache import request_key
 
     key = request_key(wait_for_status(first["id"], ("done",)), 0)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while not get_redis().exists(key):  # the cache entry is written just after the job is done
         assert time.monotonic() < deadline
         time.sleep(0.05)

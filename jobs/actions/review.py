@@ -107,8 +107,9 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
             )
         elif job.status == JobStatus.REVIEW:
             updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.REVIEW).update(
-                status=JobStatus.BLOCKED, reason=reason, finished_at=timezone.now(),
-                blocked_stage=job.blocked_stage or "human",
+                # The decision is the moderator's: the job says so, in the moderator's words
+                # (not as the check that held it).
+                status=JobStatus.BLOCKED, reason=reason, finished_at=timezone.now(), blocked_stage="human",
             )
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")

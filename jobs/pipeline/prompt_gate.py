@@ -58,6 +58,8 @@ def gate_prompt(job_id: str) -> str:
     # prompt did not see what the rewriter wrote).
     human = (_LAST_HUMAN_AFTER.first(job=job.id, after=verdict.created_at) if rewritten
              else _LAST_HUMAN.first(job=job.id))
+    if human is None and rewritten and verdict.decision == "review":
+        human = _approval_carried(job.id, verdict)
     if human is not None:
         verdict = human
     if verdict.decision == "block":
@@ -67,6 +69,19 @@ def gate_prompt(job_id: str) -> str:
     else:
         actions.admit(job.id)  # to the scheduler; or first to the rewriter (the rewrite stage)
     return verdict.decision
+
+
+def _approval_carried(job_id, held) -> SafetyVerdict | None:
+    """A moderator's approval of the user's prompt answers a hold of its rewrite when the rewrite
+    raises no category the moderator was not asked about: a job asks a moderator at most once
+    about its prompt (then once about its images). The gate's own verdict on the rewrite stays
+    on record; a block on the rewrite is never carried over."""
+    approval = _LAST_HUMAN.first(job=job_id)
+    if approval is None or approval.decision != "allow":
+        return None
+    seen = set(SafetyVerdict.objects.filter(job_id=job_id, stage="prompt").exclude(decision="allow")
+               .values_list("category", flat=True))
+    return approval if held.category in seen else None
 
 
 def _naming(stage: str, reason: str) -> str:

@@ -7,10 +7,11 @@
 
   const QUEUE_POLL_MS = 2000;
   const APPEAL_POLL_MS = 3000;
-  const current = { job: null, socket: null, poll: null, queuePoll: null, appealPoll: null, ticker: null, step: 0, eta: null };
+  const current = { job: null, socket: null, poll: null, queuePoll: null, appealPoll: null, ticker: null, step: 0, eta: null, decided: null };
 
   const BLOCKED = {
     prompt: "Blocked by the prompt check",
+    rewrite: "Blocked by the prompt check of the rewritten prompt",
     image: "Blocked: an image did not pass the safety check",
     human: "Blocked by a moderator",
   };
@@ -138,16 +139,19 @@
     else if (job.status !== "queued") current.eta = null;
     renderQueue();
     explainStatus(job);
+    // A moderator's decision, said once and only while it is the job's state: held again (its
+    // images, after the prompt was approved) or ended otherwise, the line goes; never two states.
+    if (previous === "review" && job.status !== "review") current.decided = job.status === "blocked" ? "rejected" : "approved";
+    else if (previous === "blocked" && job.status !== "blocked" && job.status !== "cancelled") current.decided = "overturned";
+    else if (job.status === "review") current.decided = null;
+    let said = "";
+    if (current.decided === "rejected" && job.status === "blocked") said = "A moderator decided: not approved.";
+    else if (current.decided === "approved" && job.status === "done") said = "A moderator approved it.";
+    else if (current.decided === "approved" && (job.status === "queued" || job.status === "running")) said = "A moderator approved it: it is being made now.";
+    else if (current.decided === "overturned" && (job.status === "done" || !TERMINAL.has(job.status))) said = "A moderator overturned the block after your appeal.";
     const decision = $("decision");
-    if (previous === "review" && job.status !== "review") {
-      decision.textContent = job.status === "blocked"
-        ? "A moderator decided: not approved."
-        : "A moderator approved it" + (job.status === "done" ? "." : ": it is being made now.");
-      show(decision, true);
-    } else if (previous === "blocked" && job.status !== "blocked" && job.status !== "cancelled") {
-      decision.textContent = "A moderator overturned the block after your appeal.";
-      show(decision, true);
-    }
+    decision.textContent = said;
+    show(decision, Boolean(said));
     $("cancel").hidden = TERMINAL.has(job.status);
     if (job.status === "done") showImages(job);
     else $("results").replaceChildren();
@@ -259,6 +263,7 @@
     stopWatching();
     current.job = job;
     current.step = 0;
+    current.decided = null;
     current.eta = null;
     $("results").replaceChildren();
     $("preview").removeAttribute("src");
