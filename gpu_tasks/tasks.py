@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 
-from celery import shared_task
+from imagegen.stage_table import stage_task
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="gpu_tasks.tasks.run_batch", acks_late=True, reject_on_worker_lost=True)
+@stage_task("generate")
 def run_batch(lane: str) -> list[str]:
     """A batch token: when this worker is free, run the lane's next batches, if any.
 
@@ -24,7 +24,7 @@ def run_batch(lane: str) -> list[str]:
     return runner_for(lane).run()
 
 
-@shared_task(name="gpu_tasks.tasks.rewrite_prompts", acks_late=True, reject_on_worker_lost=True)
+@stage_task("rewrite")
 def rewrite_prompts(job_id: str | None = None) -> int:
     """A rewrite token: rewrite the prompts of every job waiting for the rewriter (the named job
     first), up to IMAGEGEN_REWRITE_BATCH, in one forward pass (gpu_tasks/rewrite_stage.py).

@@ -436,10 +436,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
-# Every task's queue comes from the stage table (jobs/pipeline/stages.py: each stage's task,
+# Every task's queue comes from the stage table (imagegen/stage_table.py: each stage's task,
 # queue, next stage, lease and retry bound); `{lane}` queues take the lane from the task's
 # first argument. Call sites never name a queue.
-CELERY_TASK_ROUTES = ("jobs.pipeline.stages.route",)
+CELERY_TASK_ROUTES = ("imagegen.stage_table.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
 CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)

@@ -12,10 +12,9 @@ import logging
 
 from django.conf import settings
 
+from imagegen import stage_table
+
 log = logging.getLogger(__name__)
-
-RUN_BATCH_TASK = "gpu_tasks.tasks.run_batch"
-
 
 def lane_of(model_version: str) -> str:
     if model_version == settings.IMAGEGEN_MODEL_VERSION:
@@ -41,9 +40,7 @@ def gpu_queue(lane: str) -> str:
 
 
 def wake(lane: str) -> None:
-    """Send a batch token: a free GPU worker of the lane takes the next batch. A token carries
-    no job (the work is in the buckets), so a lost, duplicated or redelivered one is harmless;
-    sent by name, so scheduling imports nothing of the GPU worker."""
-    from celery import current_app
-
-    current_app.send_task(RUN_BATCH_TASK, args=[lane])
+    """Send a batch token (the generate stage's row: imagegen/stage_table.py): a free GPU worker
+    of the lane takes the next batch. A token carries no job (the work is in the buckets), so a
+    lost, duplicated or redelivered one is harmless; the reaper sends one for a lane with work."""
+    stage_table.send("generate", lane)

@@ -125,16 +125,31 @@ def test_no_module_imports_itself_through_others():
 
 def test_each_stage_is_described_in_one_place_that_the_table_and_the_actions_read():
     """How a failure reason names a stage ("the image safety check was interrupted 3 times") is
-    written once, below the actions, and the stage table reads the same words."""
-    from jobs import stage_names
-    from jobs.pipeline.stages import STAGES
+    written once, in the stage table's row (imagegen/stage_table.py, below every layer that
+    fails a stage), and nowhere else."""
+    from imagegen.stage_table import STAGES
 
-    for name, stage in STAGES.items():
-        assert stage.describes == stage_names.DESCRIBES.get(name, ""), name
-    sources = [p for p in _project_sources() if p.name != "stage_names.py"]
-    for words in stage_names.DESCRIBES.values():
+    described = {name: stage.describes for name, stage in STAGES.items() if stage.describes}
+    assert set(described) == {"rewrite", "generate", "classify", "publish"}
+    sources = [p for p in _project_sources() if p.name != "stage_table.py"]
+    for words in described.values():
         copies = [str(p.relative_to(ROOT)) for p in sources if f'"{words}"' in p.read_text()]
         assert copies == [], f"{words!r} is written again in {copies}"
+
+
+def test_no_task_is_sent_by_a_name_of_its_own_outside_the_table():
+    """The scheduler's wake-up, the rewrite token and the webhook outbox dispatch through the
+    table's rows (they named their tasks themselves); only the table holds a stage's task name."""
+    from imagegen.stage_table import STAGES
+
+    offenders = []
+    for path in _project_sources():
+        if path.name == "stage_table.py":
+            continue
+        text = path.read_text()
+        offenders += [f"{path.relative_to(ROOT)}: {stage.task}" for stage in STAGES.values()
+                      if f'"{stage.task}"' in text]
+    assert offenders == []
 
 
 def test_the_import_layers_hold():

@@ -238,7 +238,7 @@ def test_a_broker_outage_at_commit_answers_consistently(alice_api):
     from kombu.exceptions import OperationalError
 
     body = {"prompt": "a red circle while the broker is down", "width": 64, "height": 64, "steps": 2, "seed": 9}
-    with mock.patch("jobs.pipeline.stages.current_app.send_task", side_effect=OperationalError("broker down")):
+    with mock.patch("imagegen.stage_table.current_app.send_task", side_effect=OperationalError("broker down")):
         response = alice_api.post("/api/v1/jobs", body, format="json")
     assert response.status_code in (202, 503), response.status_code  # never a 500
     rows = GenerationJob.objects.filter(prompt=body["prompt"]).count()

@@ -21,7 +21,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from imagegen import metrics
+from imagegen import metrics, stage_table
 from imagegen.redis_client import PREFIX, get_redis
 from jobs.access import usage
 from jobs.actions.notify import status_on_commit
@@ -266,18 +266,10 @@ def admit(job_id) -> bool:
     return True
 
 
-REWRITE_TASK = "gpu_tasks.tasks.rewrite_prompts"  # the rewrite stage's, sent by name (the stage table routes it)
-
-
 def wake_rewriter(job_id: str | None = None) -> None:
     """Send a rewrite token (the job first, if it is still waiting, then any others waiting).
     Never raises: a lost token is re-sent with the prompt check (the reaper)."""
-    from celery import current_app
-
-    try:
-        current_app.send_task(REWRITE_TASK, args=[str(job_id)] if job_id else [])
-    except Exception:
-        log.warning("could not wake a rewriter for job %s; the reaper will", job_id, exc_info=True)
+    stage_table.send("rewrite", *([str(job_id)] if job_id else []))
 
 
 def fail_rewrite(job_id, reason: str) -> bool:

@@ -26,9 +26,9 @@ from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from imagegen.stage_table import STAGES
 from jobs.actions.lifecycle import fail_rewrite
 from jobs.models import GenerationJob, JobStatus
-from jobs.stage_names import DESCRIBES
 from safety.models import SafetyVerdict
 
 
@@ -60,7 +60,7 @@ def claim_rewrites(first: str | None, limit: int) -> list[GenerationJob]:
         worn = [j for j in picked if j.rewrite_attempts >= settings.IMAGEGEN_MAX_ATTEMPTS]
         for job in worn:
             fail_rewrite(job.id, (
-                f"{DESCRIBES['rewrite']} was interrupted {job.rewrite_attempts} times; nothing was generated"
+                f"{STAGES['rewrite'].describes} was interrupted {job.rewrite_attempts} times; nothing was generated"
             ))
         jobs = [j for j in picked if j not in worn]
         if jobs:

@@ -23,9 +23,9 @@ from redis.exceptions import RedisError
 
 from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
+from imagegen.stage_table import STAGES
 from jobs.actions.notify import status_on_commit
 from jobs.models import Batch, BatchStage, GenerationJob, JobStatus
-from jobs.stage_names import DESCRIBES
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
     for batch in lost:
         attempts = batch.stage_attempts + 1
         if attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
-            what = DESCRIBES[batch.stage]
+            what = STAGES[batch.stage].describes
             last = f" (last error: {batch.stage_error})" if batch.stage_error else ""
             with transaction.atomic():
                 if Batch.objects.filter(id=batch.id, stage=batch.stage, stage_run=batch.stage_run,

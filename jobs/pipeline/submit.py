@@ -88,7 +88,7 @@ def _submit(owner, data: dict) -> GenerationJob:
             actions.create_queued(job, cached)
             # Robust: a broker outage must not turn an accepted (committed) job into an error
             # answer that invites a duplicate; the reaper re-sends lost prompt checks.
-            # The first stage, through the stage table (jobs/pipeline/stages.py: its task and queue).
+            # The first stage, through the stage table (imagegen/stage_table.py: its task and queue).
             transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
     return job
 

@@ -1,6 +1,7 @@
-"""The job lifecycle's Celery tasks. Each takes ids, is routed by the stage table
-(jobs/pipeline/stages.py) and, once its work is committed, dispatches the stage the table names
-next. GPU-side tasks are sent by name, so nothing here imports the GPU worker."""
+"""The job lifecycle's Celery tasks. Each takes ids, is named, configured and routed by the stage
+table (imagegen/stage_table.py: `stage_task`) and, once its work is committed, dispatches the
+stage the table names next. GPU-side tasks are sent by the table's names, so nothing here
+imports the GPU worker."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from celery import shared_task
 from celery.signals import worker_init
 from django.conf import settings
 
+from imagegen.stage_table import stage_task
 from jobs.pipeline import stages
 
 log = logging.getLogger(__name__)
@@ -38,7 +40,7 @@ def load_the_prompt_filter_before_the_pool_forks(sender=None, **kwargs) -> None:
         log.exception("the prompt filter could not be loaded before the pool forked")
 
 
-@shared_task(name="jobs.pipeline.tasks.check_prompt", acks_late=True)
+@stage_task("prompt")
 def check_prompt(job_id: str) -> str:
     """The prompt gate, on the cpu queue, before any GPU time is spent."""
     from jobs.pipeline.prompt_gate import gate_prompt
@@ -53,8 +55,7 @@ def check_prompt(job_id: str) -> str:
     return decision
 
 
-@shared_task(name="jobs.pipeline.tasks.classify_batch", acks_late=True, reject_on_worker_lost=True,
-             retry_backoff_max=settings.IMAGEGEN_STAGE_RETRY_MAX_BACKOFF, **stages.RETRY_OPTIONS)
+@stage_task("classify")
 def classify_batch(lane: str, batch_id: str) -> bool:
     """The image gate on a batch; then its publish stage."""
     from jobs.pipeline.classify import classify
@@ -65,8 +66,7 @@ def classify_batch(lane: str, batch_id: str) -> bool:
     return moved_on
 
 
-@shared_task(name="jobs.pipeline.tasks.publish_batch", acks_late=True, reject_on_worker_lost=True,
-             retry_backoff_max=settings.IMAGEGEN_STAGE_RETRY_MAX_BACKOFF, **stages.RETRY_OPTIONS)
+@stage_task("publish")
 def publish_batch(lane: str, batch_id: str) -> list[str]:
     """Publish a judged batch: allowed images to public storage, every job's final status."""
     from jobs.pipeline.publish import publish
@@ -99,7 +99,7 @@ def reap() -> dict:
     return result
 
 
-@shared_task(name="jobs.pipeline.tasks.deliver_webhook", acks_late=True)
+@stage_task("webhook")
 def deliver_webhook(delivery_id: str, first: bool = False) -> str:
     """One attempt of a signed webhook delivery (the webhooks queue; jobs/webhooks/delivery.py)."""
     from jobs.webhooks.delivery import deliver

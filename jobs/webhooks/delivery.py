@@ -50,15 +50,13 @@ from django.db import transaction
 from django.utils import timezone
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from imagegen import stage_table
 from jobs.representation import JobSerializer
 
 log = logging.getLogger(__name__)
 
 SECRET_PREFIX = "whsec_"
 MAX_BACKOFF = 3600.0
-DELIVER_TASK = "jobs.pipeline.tasks.deliver_webhook"
-
-
 class WebhookURLError(ValueError):
     pass
 
@@ -240,13 +238,8 @@ def lease_seconds() -> float:
 
 def send_deliveries(delivery_ids, first: bool = False) -> None:
     """Dispatch attempts; a lost dispatch is the reaper's (resend_due)."""
-    from celery import current_app
-
     for delivery_id in delivery_ids:
-        try:
-            current_app.send_task(DELIVER_TASK, args=[str(delivery_id)], kwargs={"first": True} if first else {})
-        except Exception:
-            log.warning("could not dispatch webhook %s; the reaper will", delivery_id, exc_info=True)
+        stage_table.send("webhook", str(delivery_id), kwargs={"first": True} if first else None)
 
 
 def resend_due(limit: int = 500) -> int:
@@ -374,12 +367,7 @@ def deliver(delivery_id: str, first: bool = False) -> str:
     WebhookDelivery.objects.filter(id=delivery_id, attempts=attempt).update(**fields)
     if outcome == "retry":
         log.info("webhook %s attempt %s failed (%s); retrying in %.1fs", row.message_id, attempt, error, backoff(attempt))
-        try:
-            from celery import current_app
-
-            current_app.send_task(DELIVER_TASK, args=[str(delivery_id)], countdown=backoff(attempt))
-        except Exception:
-            log.warning("could not schedule webhook %s's retry; the reaper will", delivery_id, exc_info=True)
+        stage_table.send("webhook", str(delivery_id), countdown=backoff(attempt))  # lost: the reaper's
     elif outcome == "gave up":
         log.warning("webhook %s to %s given up after %s attempts: %s", row.message_id, row.url, attempt, error)
     return outcome

@@ -1,0 +1,145 @@
+"""The stage table: every stage of a job declared once, as data, at the bottom of the layers so
+that everything that routes, dispatches, runs, describes or recovers a stage reads it (the Celery
+router, the scheduler's wake-up of a GPU lane, the actions that admit a job or fail a stage,
+the webhook outbox, the reaper, /metrics and the deploy checks).
+
+    prompt    check_prompt    cpu          -> generate (the scheduler's buckets; a GPU worker takes the batch),
+                                              or rewrite first for a job whose prompt goes through the rewriter
+    rewrite   rewrite_prompts rewrite      -> prompt again when it changed the prompt (the second gate), else generate
+    generate  run_batch       gpu.<lane>   -> classify (the GPU worker's hand-off)
+    classify  classify_batch  classify     -> publish
+    publish   publish_batch   io           -> (the terminal status; its webhooks)
+    webhook   deliver_webhook webhooks
+
+How a stage runs (its lease, its retries) is jobs/pipeline/stages.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    task: str
+    queue_setting: str  # the settings name of its queue (each overridable from the environment)
+    next: str | None = None
+    by_lane: bool = False  # the queue is the lane's own: the task's first argument is the lane
+    leased: bool = False  # a batch stage with a lease in the Batch row
+    retry_setting: str | None = None  # how long (seconds, real time) transient storage errors are retried
+    describes: str = ""  # how a failure reason names it ("the image safety check was interrupted 3 times")
+    reject_on_worker_lost: bool = False  # a worker lost mid-run puts the message back (acks_late always)
+
+    @property
+    def queue(self) -> str:
+        value = getattr(settings, self.queue_setting)
+        return value + "{lane}" if self.by_lane else value
+
+    @property
+    def retry_for(self) -> float:
+        return float(getattr(settings, self.retry_setting)) if self.retry_setting else 0.0
+
+
+STAGES: dict[str, Stage] = {
+    stage.name: stage
+    for stage in (
+        Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate"),
+        # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
+        Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate",
+              describes="rewriting the prompt", reject_on_worker_lost=True),
+        Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
+              describes="generation", reject_on_worker_lost=True),
+        Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
+              retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
+              reject_on_worker_lost=True),
+        Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
+              retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
+              reject_on_worker_lost=True),
+        Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS"),
+    )
+}
+
+# Tasks that are not a stage of one job: periodic upkeep, and where it runs.
+UPKEEP: dict[str, str] = {
+    "jobs.pipeline.tasks.reap": "QUEUE_CPU",
+    "jobs.api.idempotency.expire": "QUEUE_CPU",
+    "imagegen.dashboard.sample_figures": "QUEUE_CPU",
+    "jobs.pipeline.retention.run_retention": "QUEUE_IO",
+    "jobs.pipeline.retention.run_unpublish": "QUEUE_IO",
+    "jobs.actions.lifecycle.reveal_cached": "QUEUE_CPU",  # a delayed cross-user cache hit (jobs/media/cache.py)
+    "jobs.media.cdn.retry_purge": "QUEUE_IO",
+}
+
+
+def queue_of(task: str) -> str | None:
+    for stage in STAGES.values():
+        if stage.task == task:
+            return stage.queue
+    setting = UPKEEP.get(task)
+    return getattr(settings, setting) if setting else None
+
+
+def routed_queues() -> set[str]:
+    """Every queue a task can be routed to (a lane's queue as its `{lane}` template)."""
+    return {stage.queue for stage in STAGES.values()} | {getattr(settings, s) for s in UPKEEP.values()}
+
+
+def route(name: str, args, kwargs, options, task=None, **kw) -> dict | None:
+    """The Celery router (CELERY_TASK_ROUTES): every task's queue from this table; call sites
+    never name a queue."""
+    queue = queue_of(name)
+    if queue is None:
+        return None  # CELERY_TASK_DEFAULT_QUEUE
+    if "{lane}" in queue:
+        lane = (args[0] if args else None) or (kwargs or {}).get("lane")
+        if not lane:
+            raise ValueError(f"task {name} is routed by lane: its first argument must be the lane")
+        queue = queue.format(lane=lane)
+    return {"queue": queue}
+
+
+def send(stage: str, *args: Any, countdown: float | None = None, kwargs: dict | None = None) -> bool:
+    """Dispatch a stage by its row (the router then picks its queue); never raises: a lost
+    dispatch is re-sent by the reaper."""
+    try:
+        current_app.send_task(STAGES[stage].task, args=list(args), kwargs=kwargs or {}, countdown=countdown)
+        return True
+    except Exception:
+        log.warning("could not dispatch the %s stage (%s); the reaper will", stage, args, exc_info=True,
+                    extra={"stage": stage})
+        return False
+
+
+class StorageAway(Exception):
+    """A stage met a transient storage error: Celery retries the task (autoretry_for)."""
+
+
+RETRY_OPTIONS: dict[str, Any] = {
+    "autoretry_for": (StorageAway,),
+    "retry_backoff": 1,
+    "retry_jitter": True,
+    "max_retries": None,  # bounded in real time by the stage's retry setting, not by a count
+}
+
+
+def stage_task(stage: str):
+    """The decorator of a stage's Celery task: its name and options from its row (acks late;
+    put back when its worker is lost, where the row says so; a stage with a retry bound retried
+    by Celery on a transient storage error, with backoff and jitter)."""
+    from celery import shared_task
+
+    row = STAGES[stage]
+    options: dict[str, Any] = {"name": row.task, "acks_late": True}
+    if row.reject_on_worker_lost:
+        options["reject_on_worker_lost"] = True
+    if row.retry_setting:
+        options.update(RETRY_OPTIONS, retry_backoff_max=settings.IMAGEGEN_STAGE_RETRY_MAX_BACKOFF)
+    return shared_task(**options)
