@@ -37,6 +37,7 @@ class Stage:
     retry_setting: str | None = None  # how long (seconds, real time) transient storage errors are retried
     describes: str = ""  # how a failure reason names it ("the image safety check was interrupted 3 times")
     reject_on_worker_lost: bool = False  # a worker lost mid-run puts the message back (acks_late always)
+    process: str = "cpu"  # the process type whose workers consume its queue (PROCESSES)
 
     @property
     def queue(self) -> str:
@@ -51,19 +52,19 @@ class Stage:
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
-        Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate"),
+        Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate", process="cpu"),
         # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
         Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate",
-              describes="rewriting the prompt", reject_on_worker_lost=True),
+              describes="rewriting the prompt", reject_on_worker_lost=True, process="gpu"),
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
-              describes="generation", reject_on_worker_lost=True),
+              describes="generation", reject_on_worker_lost=True, process="gpu"),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
-              reject_on_worker_lost=True),
+              reject_on_worker_lost=True, process="classify"),
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
               retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
-              reject_on_worker_lost=True),
-        Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS"),
+              reject_on_worker_lost=True, process="io"),
+        Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS", process="webhooks"),
     )
 }
 
@@ -77,6 +78,39 @@ UPKEEP: dict[str, str] = {
     "jobs.actions.lifecycle.reveal_cached": "QUEUE_CPU",  # a delayed cross-user cache hit (jobs/media/cache.py)
     "jobs.media.cdn.retry_purge": "QUEUE_IO",
 }
+
+
+@dataclass(frozen=True)
+class Process:
+    """A worker process type: the queues it consumes are those of the stages (and upkeep tasks)
+    assigned to it; how it runs them is its pool. The deploy files' worker lines are generated
+    from these rows (`manage.py deploy_files`)."""
+
+    name: str
+    pool: str  # prefork, solo (one task at a time: a model in memory) or threads (waiting on I/O)
+    concurrency: int | None = None
+    node: str = ""  # the worker's node name (`-n`); "{name}@%h" when empty
+    upkeep_queues: tuple[str, ...] = ()  # queue settings of UPKEEP tasks it also consumes
+
+
+PROCESSES: dict[str, Process] = {
+    process.name: process
+    for process in (
+        Process("cpu", "prefork", 4, upkeep_queues=("QUEUE_CPU",)),
+        Process("classify", "solo"),  # the image gate's model, on a GPU or a cheap CPU fleet
+        Process("io", "threads", 8, upkeep_queues=("QUEUE_IO",)),
+        Process("webhooks", "threads", 16),  # waits on other people's servers
+        Process("gpu", "solo", node="gpu-{device}@%h"),  # one per GPU; also serves the rewriter
+    )
+}
+
+
+def queues_of(process: str, lane: str = "{lane}") -> list[str]:
+    """The queues a process type consumes, its lane's first (`lane` fills a lane's queue)."""
+    queues = [stage.queue.format(lane=lane) for stage in STAGES.values() if stage.process == process and stage.by_lane]
+    queues += [stage.queue for stage in STAGES.values() if stage.process == process and not stage.by_lane]
+    queues += [getattr(settings, s) for s in PROCESSES[process].upkeep_queues]
+    return list(dict.fromkeys(queues))
 
 
 def queue_of(task: str) -> str | None:

@@ -371,3 +371,41 @@ def test_the_requirements_resolve_in_a_clean_virtualenv(tmp_path):
     assert resolved["torch"].split("+")[0] == pin.split("==")[1]
     assert not [name for name in resolved if name.startswith("nvidia")], "the requirements pull a CUDA build of torch"
     assert {"django", "celery", "uvicorn", "diffusers"} <= set(resolved)
+
+
+def test_the_committed_deploy_files_are_the_ones_the_stage_table_generates():
+    """`manage.py deploy_files --check` (CI runs it too): the Procfile and the manifest's worker
+    commands are what the stage table's process rows generate."""
+    from django.core.management import call_command
+
+    call_command("deploy_files", "--check")
+
+
+def test_a_stage_declared_here_is_routed_and_reaches_the_generated_deploy_files(monkeypatch, settings):
+    """Issue 43, item 6, in part: a stage added as one row (here, in the test) is routed to its
+    queue, its task is named and configured from the row, and the generated worker lines consume
+    its queue, with no other file edited; the committed files then differ (--check fails)."""
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    from imagegen import stage_table
+    from jobs.management.commands import deploy_files
+
+    settings.QUEUE_WATERMARK = "watermark"
+    row = stage_table.Stage("watermark", "tests.stages.watermark", "QUEUE_WATERMARK", leased=True,
+                            retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="watermarking the images",
+                            reject_on_worker_lost=True, process="io")
+    monkeypatch.setitem(stage_table.STAGES, "watermark", row)
+    assert stage_table.route("tests.stages.watermark", ["shapes", "b1"], {}, {}) == {"queue": "watermark"}
+    assert "watermark" in stage_table.routed_queues()
+
+    @stage_table.stage_task("watermark")
+    def watermark(lane: str, batch_id: str) -> str:
+        return batch_id
+
+    assert (watermark.name, watermark.acks_late, watermark.reject_on_worker_lost) == ("tests.stages.watermark", True, True)
+    assert watermark.autoretry_for == (stage_table.StorageAway,)
+    io_line = next(ln for ln in deploy_files.procfile().splitlines() if ln.startswith("io: "))
+    assert "-Q io,watermark " in io_line
+    with pytest.raises(CommandError):
+        call_command("deploy_files", "--check")
