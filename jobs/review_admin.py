@@ -39,9 +39,9 @@ class ReviewCaseAdmin(ModeratorOnly, admin.ModelAdmin):
     action_form = NotesActionForm
     actions = ["approve_selected", "reject_selected"]
     inlines = [VerdictInline]
-    readonly_fields = ("prompt", "negative_prompt", "owner", "status", "blocked_stage", "reason", "appeal_note",
-                       "appealed_at", "appeal_outcome", "width", "height", "steps", "seed", "count", "model_version",
-                       "thumbnails")
+    readonly_fields = ("path", "prompt", "revised_prompt", "negative_prompt", "owner", "status", "blocked_stage",
+                       "reason", "appeal_note", "appealed_at", "appeal_outcome", "width", "height", "steps", "seed",
+                       "count", "model_version", "thumbnails")
     fields = readonly_fields
 
     def get_queryset(self, request):
@@ -60,6 +60,23 @@ class ReviewCaseAdmin(ModeratorOnly, admin.ModelAdmin):
         rows = [(v.stage, v.decision, v.category or "-", f"{v.score:.2f}" if v.score is not None else "-")
                 for v in job.verdicts.all() if v.stage != "human"]
         return format_html_join(format_html("<br>"), "{} {} {} {}", rows)
+
+    @admin.display(description="path")
+    def path(self, job):
+        """The job's whole way so far, oldest first: the prompt as written, each check's verdict,
+        the rewrite, each moderator's decision (with their notes), the images' verdicts."""
+        steps = [(job.created_at, "submitted", job.prompt)]
+        if job.rewritten_at is not None:
+            kept = not job.revised_prompt or job.revised_prompt == job.prompt
+            steps.append((job.rewritten_at, "rewritten", "kept as written" if kept else job.revised_prompt))
+        for v in job.verdicts.all():
+            who = f"moderator {v.reviewer}" if v.stage == "human" else f"{v.stage} check"
+            on = f" (image {v.image_index + 1})" if v.image_index is not None else ""
+            detail = "; ".join(x for x in (v.category, v.reason, v.notes if v.stage == "human" else "") if x)
+            steps.append((v.created_at, f"{who}{on}: {v.decision}", detail))
+        steps.sort(key=lambda step: step[0])
+        return format_html("<ol>{}</ol>", format_html_join(
+            "", "<li>{} <b>{}</b> {}</li>", ((at.strftime("%Y-%m-%d %H:%M:%S"), what, detail) for at, what, detail in steps)))
 
     @admin.display(description="images")
     def thumbnails(self, job):
