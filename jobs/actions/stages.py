@@ -30,7 +30,7 @@ from jobs.models import Batch, BatchStage, GenerationJob, JobStatus
 log = logging.getLogger(__name__)
 
 STAGE_SECONDS_KEY = f"{PREFIX}stage-seconds"  # hash: stage -> measured seconds a run takes (EWMA)
-_BATCH_STAGES = (BatchStage.CLASSIFY, BatchStage.PUBLISH)
+_BATCH_STAGES = tuple(name for name, stage in STAGES.items() if stage.leased)  # the table's batch stages with a lease
 
 
 def _lease(now: datetime | None = None) -> datetime:
