@@ -76,6 +76,10 @@ if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
     # The queue-wait limit is tested where a test sets it: on a loaded 2-core machine an honest
     # estimate behind another test's blocker can pass the 120 s default.
     os.environ.setdefault("IMAGEGEN_MAX_QUEUE_WAIT", "3600")
+    # And the batch tier's (6 h by default): its estimate waits behind every interactive job and
+    # arrival, and on a loaded machine the measured step costs made 12 batch images behind a
+    # blocker an 8 h wait (a 429 in the fair-share test).
+    os.environ.setdefault("IMAGEGEN_BATCH_MAX_QUEUE_WAIT", "864000")
     os.environ.setdefault("IMAGEGEN_BATCH_CAP", "4")
     os.environ.setdefault("IMAGEGEN_LEASE_SECONDS", "6")
     os.environ.setdefault("IMAGEGEN_REAPER_INTERVAL", "1")
