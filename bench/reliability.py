@@ -485,17 +485,20 @@ def flaky_storage_class():
 
 
 def _running_job(owner, count: int, tag: str):
-    """A job claimed by a batch that has just been denoised (stage generate, attempt 1)."""
-    from django.conf import settings
+    """A job claimed by a batch that has just been denoised (stage generate, attempt 1), of a
+    model version no GPU worker serves: a job the reaper requeues stays queued for the scenario
+    to see (a worker of the served lane took it again at once, running before it looked)."""
     from django.utils import timezone
 
     from jobs.models import Batch, GenerationJob
+    from scheduling.lanes import lane_of
 
-    batch = Batch.objects.create(model_version=settings.IMAGEGEN_MODEL_VERSION, width=64, height=64, steps=2,
-                                 guidance_scale=5.0, size=count, cap=count, lane=settings.IMAGEGEN_MODEL_NAME)
+    version = "storage-scenario"
+    batch = Batch.objects.create(model_version=version, width=64, height=64, steps=2,
+                                 guidance_scale=5.0, size=count, cap=count, lane=lane_of(version))
     return GenerationJob.objects.create(
         owner=owner, prompt=f"storage test {tag}", width=64, height=64, steps=2, guidance_scale=5.0,
-        seed=random.randrange(2**31), count=count, model_version=settings.IMAGEGEN_MODEL_VERSION, status="running",
+        seed=random.randrange(2**31), count=count, model_version=version, status="running",
         attempts=1, started_at=timezone.now(), scheduled_at=timezone.now(), progress_total=2, batch=batch,
         lease_expires_at=timezone.now() + timezone.timedelta(seconds=60),
     )

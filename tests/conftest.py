@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -300,9 +300,12 @@ def forget_cache(*delivered) -> None:
 
 
 @contextmanager
-def admitted_to(lane: str):
+def admitted_to(lane: str, held: bool = False):
     """Jobs submitted inside go to this lane only (its own GPU workers, or none at all): the
-    prompt gate runs in this process under the lane's model name."""
+    prompt gate runs in this process under the lane's model name. `held`: the lane is not woken
+    (the job waits in its bucket until `watch_job(..., wake_lane=lane)` has subscribed)."""
+    from unittest import mock
+
     from django.test import override_settings
 
     from jobs.pipeline import stages
@@ -318,17 +321,20 @@ def admitted_to(lane: str):
 
     stages.send = send
     try:
-        with override_settings(IMAGEGEN_MODEL_NAME=lane):
+        with override_settings(IMAGEGEN_MODEL_NAME=lane), mock.patch("scheduling.lanes.wake") if held else nullcontext():
             yield
     finally:
         stages.send = original
 
 
-def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
+def watch_job(job_id: str, on_event=None, timeout: float = 60.0, wake_lane: str = "") -> list[dict]:
     """Every event of a job from now until its final status, through the real channel layer.
     One coroutine does the subscribing and every receive on a layer of its own: a layer's locks
     bind to the first event loop that uses them, and each async_to_sync call gets a new loop, so
-    the process-wide layer an earlier test used cannot be reused here."""
+    the process-wide layer an earlier test used cannot be reused here. `wake_lane`: the job was
+    admitted held (`admitted_to(lane, held=True)`) and its lane is woken once the subscription is
+    in place, so no event of it comes before the watcher listens (a fill wait long enough to
+    subscribe was one piece of work assumed to outrun another)."""
     import asyncio
 
     from asgiref.sync import async_to_sync, sync_to_async
@@ -345,6 +351,10 @@ def watch_job(job_id: str, on_event=None, timeout: float = 60.0) -> list[dict]:
         channel = await layer.new_channel()
         group = events.group_name(job_id)
         await layer.group_add(group, channel)
+        if wake_lane:
+            from scheduling import lanes
+
+            await sync_to_async(lanes.wake)(wake_lane)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:

@@ -23,18 +23,20 @@ def family_models(tmp_path_factory):
     return lambda family: write_tiny_family(root / family, family) if not (root / family / "model_index.json").exists() else root / family
 
 
-def submit(api, lane: str, **body) -> str:
+def submit(api, lane: str, held: bool = False, **body) -> str:
+    """`held`: queued without waking the lane's worker (watch(..., lane=lane) wakes it once
+    subscribed, so no event of the job comes before the watcher is listening)."""
     payload = {"prompt": "a red circle on a blue background", "width": 64, "height": 64, "steps": 3, **body}
-    with admitted_to(lane):
+    with admitted_to(lane, held=held):
         response = api.post("/api/v1/jobs", payload, format="json")
     assert response.status_code == 202, response.content
     return response.json()["id"]
 
 
-def watch(job_id: str, on_event=None, timeout: float = 90.0) -> list[dict]:
-    """Every event of the job until its final status (the job must still be queued: the lanes'
-    fill wait holds a lone job back long enough to subscribe)."""
-    return watch_job(job_id, on_event, timeout)
+def watch(job_id: str, on_event=None, timeout: float = 90.0, lane: str = "") -> list[dict]:
+    """Every event of the job until its final status. With `lane`, a job submitted held is let
+    run once the subscription is in place."""
+    return watch_job(job_id, on_event, timeout, wake_lane=lane)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -46,8 +48,8 @@ def test_each_family_is_served_end_to_end(family, family_models, start_worker, w
     try:
         assert f"loaded {family} pipeline".encode() in worker.log_path.read_bytes()
         # Done, with gated previews, two images with their own seeds in one pass.
-        job_id = submit(alice_api, lane, seed=11, count=2, prompt="a green square")
-        seen = watch(job_id)
+        job_id = submit(alice_api, lane, held=True, seed=11, count=2, prompt="a green square")
+        seen = watch(job_id, lane=lane)
         assert wait_for_status(job_id, ("done",)).status == "done"
         previews = [e for e in seen if e["type"] == "preview"]
         assert previews and all(p["image"].startswith("data:image/jpeg;base64,") for p in previews)
@@ -60,14 +62,14 @@ def test_each_family_is_served_end_to_end(family, family_models, start_worker, w
         assert GenerationJob.objects.get(id=again).batch_id != GenerationJob.objects.get(id=job_id).batch_id
         assert all(np.array_equal(a, b) for a, b in zip(pixels(job_id), pixels(again), strict=True))
         # Cancel mid-run: after its first progress event.
-        long_job = submit(alice_api, lane, seed=12, steps=60)
+        long_job = submit(alice_api, lane, held=True, seed=12, steps=60)
 
         def cancel_once_running(event, asked=[]):  # noqa: B006  # once per job
             if event["type"] == "progress" and not asked:
                 asked.append(True)
                 assert alice_api.post(f"/api/v1/jobs/{long_job}/cancel").status_code == 202
 
-        seen = watch(long_job, cancel_once_running)
+        seen = watch(long_job, cancel_once_running, lane=lane)
         row = wait_for_status(long_job, ("cancelled",))
         steps = [e["step"] for e in seen if e["type"] == "progress"]
         assert row.status == "cancelled" and row.images.count() == 0

@@ -14,8 +14,8 @@ LANE = "previews"
 
 @pytest.fixture(scope="module")
 def preview_worker(start_shared_worker):
-    # A preview every 2 steps, unthrottled; the fill wait holds a lone job back long enough for
-    # the test to subscribe before its pass starts.
+    # A preview every 2 steps, unthrottled. Each job is admitted held and its lane woken once the
+    # test has subscribed (a fill wait was to hold it back long enough: not on a loaded machine).
     worker = start_shared_worker("gpu-previews", f"{settings.QUEUE_GPU_PREFIX}{LANE}", IMAGEGEN_MODEL_NAME=LANE,
                                  IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0", IMAGEGEN_FILL_WAIT="1.5")
     yield worker
@@ -24,12 +24,12 @@ def preview_worker(start_shared_worker):
 
 def watch(api, prompt: str, seed: int) -> tuple[str, list[dict]]:
     """Submit to the preview lane and collect every event of the job until its final status."""
-    with admitted_to(LANE):
+    with admitted_to(LANE, held=True):
         response = api.post("/api/v1/jobs", {"prompt": prompt, "width": 64, "height": 64, "steps": 12, "seed": seed},
                             format="json")
     assert response.status_code == 202, response.content
     job_id = response.json()["id"]
-    seen = watch_job(job_id)
+    seen = watch_job(job_id, wake_lane=LANE)
     return job_id, seen
 
 
