@@ -89,7 +89,7 @@ def test_a_deadline_cancels_a_queued_job_uncharged(workers, reaper, alice_api):
     assert job["cancel_after"] == 1 and job["deadline_at"]
     row = GenerationJob.objects.get(id=job["id"])
     assert row.scheduled_at is not None  # admitted to the scheduler (no GPU worker serves this lane)
-    done = wait_for_status(job["id"], ("cancelled",), timeout=30)
+    done = wait_for_status(job["id"], ("cancelled",), timeout=120)
     assert done.reason == "deadline passed"
     assert done.started_at is None and done.charged_at is None and not UsageCharge.objects.filter(job_id=done.id).exists()
     shape = actions.shape_of(done)
@@ -108,9 +108,9 @@ def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderator
 
     job = alice_api.post("/api/v1/jobs", {**BODY, "prompt": "a red heart on a white background", "cancel_after": 2},
                          format="json").json()
-    held = wait_for_status(job["id"], ("review", "cancelled"), timeout=30)
+    held = wait_for_status(job["id"], ("review", "cancelled"), timeout=120)
     assert held.blocked_stage == "prompt"
-    done = wait_for_status(job["id"], ("cancelled",), timeout=30)
+    done = wait_for_status(job["id"], ("cancelled",), timeout=120)
     assert done.reason == "deadline passed"
     assert done.started_at is None and done.charged_at is None
     assert not review.review_queue().filter(id=done.id).exists()

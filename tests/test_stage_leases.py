@@ -97,7 +97,7 @@ def test_two_publish_runs_of_one_batch_at_once_deliver_each_image_once_and_keep_
     finally:
         redis_client.delete("io-twice")
         gpu.stop()
-    wait_for_status(job_id, ("done",), timeout=30)
+    wait_for_status(job_id, ("done",), timeout=120)
     assert sum(str(job_id) in out.strip().splitlines()[-1] for out in outputs) == 1, outputs
     images = list(GeneratedImage.objects.filter(job_id=job_id).order_by("index"))
     assert [im.tier for im in images] == ["public", "public"]
