@@ -67,7 +67,7 @@ def current_figures() -> dict:
 def fleet_figures() -> dict:
     """Every worker's liveness and each routed queue's live consumers (scheduling/liveness.py):
     a host that stopped consuming a queue shows within one heartbeat TTL."""
-    from jobs.pipeline.stages import routed_queues
+    from imagegen.stage_table import routed_queues
     from scheduling import catalogue, liveness
     from scheduling.lanes import lane_of
 

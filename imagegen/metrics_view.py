@@ -153,7 +153,7 @@ HELP = metrics.HELP
 
 def expected_queues() -> set[str]:
     """Every queue of the routing table, a lane's template for each served lane."""
-    from jobs.pipeline.stages import routed_queues
+    from imagegen.stage_table import routed_queues
     from scheduling import catalogue
     from scheduling.lanes import lane_of
 

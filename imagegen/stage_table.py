@@ -107,8 +107,8 @@ PROCESSES: dict[str, Process] = {
 
 def queues_of(process: str, lane: str = "{lane}") -> list[str]:
     """The queues a process type consumes, its lane's first (`lane` fills a lane's queue)."""
-    queues = [stage.queue.format(lane=lane) for stage in STAGES.values() if stage.process == process and stage.by_lane]
-    queues += [stage.queue for stage in STAGES.values() if stage.process == process and not stage.by_lane]
+    rows = sorted((stage for stage in STAGES.values() if stage.process == process), key=lambda stage: not stage.by_lane)
+    queues = [stage.queue.format(lane=lane) for stage in rows]
     queues += [getattr(settings, s) for s in PROCESSES[process].upkeep_queues]
     return list(dict.fromkeys(queues))
 

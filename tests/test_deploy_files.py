@@ -157,9 +157,9 @@ def test_the_deploy_files_consume_every_routed_queue():
     """Every queue of the routing table (the stage table and the upkeep tasks) has a consumer in
     deploy/Procfile and in deploy/kubernetes.yaml; a lane's queue is any queue under the GPU prefix
     (in the Procfile, gpu.$IMAGEGEN_MODEL_NAME)."""
-    from jobs.pipeline import stages
+    from imagegen import stage_table
 
-    routed = stages.routed_queues()
+    routed = stage_table.routed_queues()
     assert {"cpu", "io", "classify", "webhooks", settings.QUEUE_GPU_PREFIX + "{lane}"} <= routed
     for name, processes in (("Procfile", list(procfile().values())), ("kubernetes.yaml", manifest())):
         consumed = {q for p in processes for q in queues(p.argv)}

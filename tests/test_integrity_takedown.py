@@ -113,7 +113,7 @@ def test_a_custom_cdn_domain_with_the_log_only_purge_hook_refuses_to_start():
 
 def test_the_unpublish_upkeep_is_scheduled_on_the_io_queue_and_registered(settings):
     from imagegen.celery import app
-    from jobs.pipeline.stages import UPKEEP, route
+    from imagegen.stage_table import UPKEEP, route
 
     assert settings.CELERY_BEAT_SCHEDULE["unpublish"]["task"] == "jobs.pipeline.retention.run_unpublish"
     assert UPKEEP["jobs.pipeline.retention.run_unpublish"] == "QUEUE_IO"

@@ -75,7 +75,7 @@ def test_every_write_of_job_batch_image_and_verdict_rows_is_in_jobs_actions():
 
 
 def test_every_stage_task_has_one_queue_in_the_routing_table_and_lanes_pick_theirs():
-    from jobs.pipeline.stages import route
+    from imagegen.stage_table import route
 
     assert route("jobs.pipeline.tasks.check_prompt", ["j"], {}, {}) == {"queue": settings.QUEUE_CPU}
     assert route("gpu_tasks.tasks.run_batch", ["shapes"], {}, {}) == {"queue": f"{settings.QUEUE_GPU_PREFIX}shapes"}

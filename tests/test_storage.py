@@ -397,7 +397,7 @@ def test_retention_is_scheduled_on_the_io_queue_and_registered():
     from imagegen.celery import app
 
     assert settings.CELERY_BEAT_SCHEDULE["retention"]["task"] == "jobs.pipeline.retention.run_retention"
-    from jobs.pipeline.stages import route
+    from imagegen.stage_table import route
 
     assert route("jobs.pipeline.retention.run_retention", [], {}, {}) == {"queue": settings.QUEUE_IO}
     app.loader.import_default_modules()

@@ -51,12 +51,10 @@ ORDER = ("cpu", "classify", "io", "webhooks")  # then beat, then gpu (the file's
 def worker_args(process: Process, lane: str, device: str) -> list[str]:
     """`celery -A imagegen worker ...` for a process type, its variables written as given."""
     args = ["celery", "-A", "imagegen", "worker", "-Q", ",".join(queues_of(process.name, lane=lane))]
-    if process.pool == "prefork":
-        args += ["-c", str(process.concurrency)] if process.concurrency else []
-    else:
+    if process.pool != "prefork":  # Celery's default pool is not written
         args.append(f"--pool={process.pool}")
-        if process.concurrency:
-            args += ["-c", str(process.concurrency)]
+    if process.concurrency:
+        args += ["-c", str(process.concurrency)]
     args += ["-n", (process.node or "{name}@%h").format(name=process.name, device=device)]
     return args
 
