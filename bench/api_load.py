@@ -295,9 +295,9 @@ def reset_queue() -> None:
     from django.conf import settings
 
     from imagegen.redis_client import PREFIX, get_redis
-    from jobs.models import GenerationJob
+    from jobs.models import GenerationJob, at
 
-    GenerationJob.objects.filter(status="queued").update(status="cancelled", reason="bench reset")
+    GenerationJob.objects.filter(status="queued").update(**at("cancelled"), reason="bench reset")
     r = get_redis()
     for pattern in (f"{PREFIX}q:*", f"{PREFIX}shapes:*", f"{PREFIX}summary:*", f"{PREFIX}arr:*"):
         keys = list(r.scan_iter(pattern))
@@ -355,7 +355,7 @@ def done_jobs(n: int, users: list[tuple[int, str]]) -> list[tuple[str, str]]:
     now = timezone.now()
     jobs = [GenerationJob(owner_id=users[k % len(users)][0], prompt=f"a done job {k}", width=64, height=64, steps=20,
                           guidance_scale=5.0, seed=k, count=1, model_version=settings.IMAGEGEN_MODEL_VERSION,
-                          status="done", progress_step=20, progress_total=20, scheduled_at=now, started_at=now,
+                          stage="done", progress_step=20, progress_total=20, scheduled_at=now, started_at=now,
                           finished_at=now) for k in range(n)]
     GenerationJob.objects.bulk_create(jobs)
     GeneratedImage.objects.bulk_create([

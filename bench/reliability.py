@@ -498,7 +498,7 @@ def _running_job(owner, count: int, tag: str):
                                  guidance_scale=5.0, size=count, cap=count, lane=lane_of(version))
     return GenerationJob.objects.create(
         owner=owner, prompt=f"storage test {tag}", width=64, height=64, steps=2, guidance_scale=5.0,
-        seed=random.randrange(2**31), count=count, model_version=version, status="running",
+        seed=random.randrange(2**31), count=count, model_version=version, stage="generate",
         attempts=1, started_at=timezone.now(), scheduled_at=timezone.now(), progress_total=2, batch=batch,
         lease_expires_at=timezone.now() + timezone.timedelta(seconds=60),
     )
@@ -711,7 +711,7 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
     from hypothesis import settings as hsettings
     from rest_framework.test import APIClient
 
-    from jobs.models import GenerationJob
+    from jobs.models import GenerationJob, at
 
     st, odd_text, body = fuzz_strategies()
     stats = {"requests": 0, "5xx": 0, "by_status": {}, "rows_from_invalid": 0, "accepted": 0, "accepted_bad_owner": 0,
@@ -751,7 +751,7 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
             if added != 1 or job is None or job.id == newest or job.owner_id != owner_id:
                 stats["accepted_bad_owner"] += 1
             # keep the user under the in-flight limit: the fuzz is about input, not admission
-            GenerationJob.objects.filter(owner_id=owner_id, status__in=["queued", "running"]).update(status="cancelled")
+            GenerationJob.objects.filter(owner_id=owner_id, status__in=["queued", "running"]).update(**at("cancelled"))
         elif added:
             stats["rows_from_invalid"] += added
             if len(stats["failures"]) < 20:
@@ -805,7 +805,7 @@ def scenario_fuzz(token: str, n_requests: int, seed: int = 0) -> dict:
             if status != 202 and GenerationJob.objects.count() != before:
                 stats["rows_from_invalid"] += 1
             if status == 202:
-                GenerationJob.objects.filter(owner_id=owner_id, status__in=["queued", "running"]).update(status="cancelled")
+                GenerationJob.objects.filter(owner_id=owner_id, status__in=["queued", "running"]).update(**at("cancelled"))
         elif kind == 6:
             record(f"GET /api/v1/jobs?{q!r}", lambda: authed().get("/api/v1/jobs", q))
         elif kind == 7:
@@ -958,7 +958,7 @@ def main(argv=None) -> dict:
 def run_load(stack, size) -> dict:
     from django.conf import settings
 
-    from jobs.models import GenerationJob
+    from jobs.models import GenerationJob, at
 
     pool = GpuPool(stack, 1)
     port = free_port()
@@ -987,7 +987,7 @@ def run_load(stack, size) -> dict:
     res.update({"accepted_total": len(ids), "drained": drained, "accepted_lost": a["lost"], "duplicated": a["duplicated"],
                 "delivered_unchecked": a["delivered_unchecked"]})
     if not drained:
-        GenerationJob.objects.filter(id__in=ids, status__in=["queued", "running"]).update(status="cancelled")
+        GenerationJob.objects.filter(id__in=ids, status__in=["queued", "running"]).update(**at("cancelled"))
     for n in list(pool.names):
         stack.stop(n)
     stack.stop("web")

@@ -162,7 +162,7 @@ def scenario_abuse(stack, size: dict) -> dict:
     from django.conf import settings
 
     from bench.reliability import GpuPool, user_token, wait_terminal
-    from jobs.models import GenerationJob
+    from jobs.models import GenerationJob, at
     from scripts.procs import free_port
 
     steps = 4
@@ -174,7 +174,7 @@ def scenario_abuse(stack, size: dict) -> dict:
     result["concurrent_submits"] = {"limit": 16, "sent_per_round": 40, "accepted_per_round": [c.count(202) for c in rounds],
                                     "other_answers": sorted({c for r in rounds for c in r} - {202, 429})}
     stack.stop("web")
-    GenerationJob.objects.filter(status="queued", scheduled_at=None, owner__username__startswith="burst").update(status="cancelled")
+    GenerationJob.objects.filter(status="queued", scheduled_at=None, owner__username__startswith="burst").update(**at("cancelled"))
     # 2. a user looping blocked long prompts: the victim's latency, without and with the rate
     pool = GpuPool(stack, 1)
     stack.wait_for_gpu_workers(settings.IMAGEGEN_MODEL_NAME, 1, timeout=180)

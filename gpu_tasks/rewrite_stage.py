@@ -1,6 +1,7 @@
 """The rewrite stage's worker side: claim the waiting jobs of every user (one claim), rewrite
-their prompts in one forward pass of the rewriter, save each, then send each on: a changed
-prompt to the prompt gate again (the cpu queue), an unchanged one straight to the scheduler.
+their prompts in one forward pass of the rewriter, save each (which moves it on: a changed
+prompt to its second check, an unchanged one straight to the scheduler), then send a changed
+one to the prompt gate (the cpu queue).
 The writes are jobs/actions/rewrites.py's; the model is gpu_tasks/rewriter.py's."""
 
 from __future__ import annotations
@@ -57,13 +58,11 @@ def run(job_id: str | None = None) -> int:
     metrics.observe("imagegen_rewrite_batch_size", len(jobs))
     metrics.observe("imagegen_rewrite_seconds", seconds)
     for job, result in zip(jobs, results, strict=True):
-        if not actions.save_rewrite(job.id, result.prompt, model.version):
+        if not actions.save_rewrite(job.id, result.prompt, model.version, changed=result.changed):
             continue  # cancelled or failed meanwhile
         events.publish(job.id, rewritten_event(job.id, result.prompt))
-        if result.changed:
+        if result.changed:  # unchanged: already in its shape's bucket (save_rewrite scheduled it)
             stages.send("prompt", str(job.id))  # the second gate, on what the image model will draw
-        else:
-            actions.admit(job.id)
     log.info("rewrote %d prompts in %.3fs", len(jobs), seconds, extra={"stage": "rewrite"})
     connection.close_if_unusable_or_obsolete()
     return len(jobs)

@@ -32,6 +32,63 @@ class OutputFormat(models.TextChoices):
 TERMINAL_STATUSES = frozenset({JobStatus.DONE, JobStatus.BLOCKED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class JobStage(models.TextChoices):
+    """Where a job is in the pipeline: one field, the only one any stage claims by. Every move is
+    a compare-and-set from the stage (and run) the mover holds to the next (jobs/actions), and the
+    status users see is derived from it (`status_of`)."""
+
+    PROMPT = "prompt", "prompt check"  # waiting for (or in) the prompt check of the prompt the user wrote
+    REWRITE = "rewrite", "rewrite"  # its own prompt allowed (or approved); waiting for (or in) the rewriter
+    REWRITE_CHECK = "rewrite_check", "rewrite check"  # the rewriter changed the prompt: its second check
+    WAITING_GPU = "waiting_gpu", "waiting for a GPU"  # admitted: in its shape's bucket until a GPU worker takes it
+    REVEAL = "reveal", "cached, to be revealed"  # a cross-user cache hit, done when a fresh job of its shape would be
+    GENERATE = "generate", "generate"  # claimed by a GPU worker (its lease, its attempt)
+    CLASSIFY = "classify", "image check"  # its images in quarantine, its batch in the image gate
+    PUBLISH = "publish", "publish"  # judged, its batch in the publish stage
+    REVIEW = "review", "held for review"  # held for a moderator; blocked_stage names the stage that held it
+    DONE = "done", "done"
+    BLOCKED = "blocked", "blocked"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+
+
+QUEUED_STAGES = (JobStage.PROMPT, JobStage.REWRITE, JobStage.REWRITE_CHECK, JobStage.WAITING_GPU, JobStage.REVEAL)
+RUNNING_STAGES = (JobStage.GENERATE, JobStage.CLASSIFY, JobStage.PUBLISH)
+ACTIVE_STAGES = QUEUED_STAGES + RUNNING_STAGES + (JobStage.REVIEW,)
+STATUS_OF: dict[str, str] = {
+    **{stage: JobStatus.QUEUED for stage in QUEUED_STAGES},
+    **{stage: JobStatus.RUNNING for stage in RUNNING_STAGES},
+    JobStage.REVIEW: JobStatus.REVIEW,
+    **{status: status for status in TERMINAL_STATUSES},
+}
+
+
+# The first stage of each status: where a row made with only a status (a data migration, a test
+# fixture) stands.
+FIRST_STAGE: dict[str, str] = {str(status): str(stage) for stage, status in reversed(list(STATUS_OF.items()))}
+
+
+def status_of(stage: str) -> str:
+    """The one place a status comes from: what users, the API, the events and the admin see."""
+    return str(STATUS_OF[stage])
+
+
+def at(stage: str) -> dict:
+    """The fields a move to `stage` writes (the stage and the status derived from it)."""
+    return {"stage": stage, "status": status_of(stage)}
+
+
+def _stage_matches_status() -> models.Q:
+    """Each row's status is its stage's (a CHECK constraint: nothing can store two states)."""
+    by_status: dict[str, list[str]] = {}
+    for stage, status in STATUS_OF.items():
+        by_status.setdefault(str(status), []).append(str(stage))
+    q = models.Q()
+    for status, stages in sorted(by_status.items()):
+        q |= models.Q(status=status, stage__in=sorted(stages))
+    return q
+
+
 class BatchStage(models.TextChoices):
     GENERATE = "generate"  # taken and claimed; denoising on a GPU worker
     CLASSIFY = "classify"  # images in quarantine; waiting for / in the image gate
@@ -132,6 +189,9 @@ class GenerationJob(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True, db_index=True)
     # A signed POST on each terminal status (jobs/webhooks/delivery.py), from the WebhookDelivery outbox.
     webhook_url = models.URLField(max_length=2000, blank=True, default="")
+    # The stage is the job's place in the pipeline; the status is derived from it (status_of),
+    # stored beside it for the queries that filter by it, and kept equal by a CHECK constraint.
+    stage = models.CharField(max_length=16, choices=JobStage.choices, default=JobStage.PROMPT, db_index=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True)
     reason = models.TextField(blank=True, default="")
     blocked_stage = models.CharField(max_length=16, blank=True, default="")
@@ -178,11 +238,19 @@ class GenerationJob(models.Model):
         indexes = [
             models.Index(fields=["owner", "-created_at"]),
             models.Index(fields=["created_at"], name="job_awaiting_prompt_check",
-                         condition=models.Q(status="queued", scheduled_at=None, prompt_checked_at=None)),
+                         condition=models.Q(stage="prompt", prompt_checked_at=None)),
         ]
+        constraints = [models.CheckConstraint(condition=_stage_matches_status(), name="job_status_of_its_stage")]
+
+    def save(self, *args, **kwargs):
+        self.status = status_of(self.stage)
+        fields = kwargs.get("update_fields")
+        if fields is not None and "stage" in fields:
+            kwargs["update_fields"] = {*fields, "status"}
+        super().save(*args, **kwargs)
 
     def __str__(self) -> str:
-        return f"job {self.id} ({self.status})"
+        return f"job {self.id} ({self.status}, {self.stage})"
 
     @property
     def is_terminal(self) -> bool:

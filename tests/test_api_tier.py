@@ -19,7 +19,7 @@ from rest_framework.renderers import JSONRenderer
 from imagegen.redis_client import PREFIX
 from jobs.admission import replay
 from jobs.admission import summary as queue_summary
-from jobs.models import GeneratedImage, GenerationJob
+from jobs.models import FIRST_STAGE, GeneratedImage, GenerationJob
 from jobs.representation import JobSerializer
 from scheduling import heartbeats, scheduler
 from scheduling.costs import COST_KEY
@@ -148,7 +148,7 @@ def test_a_costly_summary_is_answered_while_one_background_refresh_recomputes_it
 
 def make_job(owner, status="done", **extra) -> GenerationJob:
     return GenerationJob.objects.create(owner=owner, prompt="a red circle", width=64, height=64, steps=2,
-                                        guidance_scale=5.0, seed=1, model_version="tiny-random", status=status,
+                                        guidance_scale=5.0, seed=1, model_version="tiny-random", stage=FIRST_STAGE[status],
                                         progress_total=2, **extra)
 
 

@@ -141,7 +141,7 @@ def test_a_poll_of_a_queued_job_makes_one_redis_round_trip_whatever_the_backlog(
     # A version of its own, so its lane is one no worker of the session takes from (the jobs
     # ahead exist only in the scheduler).
     job = GenerationJob.objects.create(owner=alice, prompt="a red circle", width=64, height=64, steps=2,
-                                       guidance_scale=5.0, seed=1, model_version="poll-budget", status="queued",
+                                       guidance_scale=5.0, seed=1, model_version="poll-budget", stage="waiting_gpu",
                                        progress_total=2, scheduled_at=timezone.now())
     lane = lane_of(job.model_version)
     redis_client.zadd(heartbeats.workers_key(lane), {"gpu-a": time.time() + 600})

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import transaction
 
 from imagegen.redis_client import PREFIX
-from jobs.models import Batch, GeneratedImage, GenerationJob
+from jobs.models import Batch, GeneratedImage, GenerationJob, at
 from tests.conftest import client_for, forget_cache, make_user, wait_for_status, wait_until_cached
 from tests.test_generation import pixels, submit
 
@@ -149,7 +149,7 @@ def test_a_job_that_keeps_killing_workers_fails_after_bounded_attempts(workers, 
     # pass: a reaper (a deployment's beat, or another test's) would otherwise see the row first.
     with transaction.atomic():
         GenerationJob.objects.filter(id=job["id"]).update(
-            status="running", attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
+            **at("generate"), attempts=settings.IMAGEGEN_MAX_ATTEMPTS, lease_expires_at="2000-01-01T00:00:00Z"
         )
         assert requeue_expired() == {"requeued": 0, "failed": 1}
     row = GenerationJob.objects.get(id=job["id"])

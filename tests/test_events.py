@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from jobs.models import GenerationJob
+from jobs.models import FIRST_STAGE, GenerationJob
 from jobs.realtime import events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,7 +26,7 @@ TERMINAL = {"done", "blocked", "failed", "cancelled"}
 def make_job(owner, status="queued", steps=12) -> GenerationJob:
     return GenerationJob.objects.create(
         owner=owner, prompt="a red circle", width=64, height=64, steps=steps, guidance_scale=5.0,
-        seed=1, model_version="tiny-random", status=status, progress_total=steps,
+        seed=1, model_version="tiny-random", stage=FIRST_STAGE[status], progress_total=steps,
     )
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from jobs.actions import review
 from jobs.models import GenerationJob
 from jobs.pipeline.tasks import check_prompt
 from safety.models import SafetyVerdict
@@ -17,18 +16,26 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 
 
 def test_a_moderators_approval_survives_a_lost_admit(workers, alice_api, moderator_client, monkeypatch):
+    """The approval's move (review -> waiting_gpu) commits with the decision; what can be lost is
+    the bucket entry sent after commit: the reaper's rebuild restores it, and the job is made."""
+    from jobs import actions
+    from jobs.actions import lifecycle
+
     job = submit(alice_api, prompt="a red heart on a white background")
     wait_for_status(job["id"], ("review",))
-    monkeypatch.setattr(review, "admit", lambda job_id: False)  # the admit after the approval is lost
+    monkeypatch.setattr(lifecycle, "enqueue", lambda job, at: None)  # the bucket entry after the approval is lost
     response = moderator_client.post("/admin/safety/reviewcase/", {
         "action": "approve_selected", "_selected_action": [job["id"]], "notes": "fine", "index": 0})
     assert response.status_code == 302
     lost = GenerationJob.objects.get(id=job["id"])
-    assert lost.status == "queued" and lost.scheduled_at is None
-    check_prompt.delay(job["id"])  # what the reaper re-sends for a queued job never admitted
+    assert lost.stage == "waiting_gpu" and lost.status == "queued" and lost.scheduled_at is not None
+    monkeypatch.undo()
+    check_prompt.delay(job["id"])  # a re-sent prompt check finds the job moved on: it decides nothing again
+    assert actions.rebuild_scheduler_state(min_age_seconds=0)[0] == 1  # what the reaper does
     done = wait_for_status(job["id"], ("done", "review"))
     assert done.status == "done", f"the first verdict re-held an approved prompt: {done.reason}"
     assert SafetyVerdict.objects.filter(job_id=job["id"], stage="human", decision="allow").exists()
+    assert SafetyVerdict.objects.filter(job_id=job["id"], stage="prompt").count() == 1
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["status"] == "done"
 
 
@@ -39,7 +46,7 @@ def _running_in_publish(owner, n: int):
     batch = Batch.objects.create(model_version="tiny", width=64, height=64, steps=2, guidance_scale=1.0, size=n, cap=n,
                                  stage=BatchStage.PUBLISH, stage_run="run-1")
     jobs = [GenerationJob.objects.create(owner=owner, prompt=f"a star {i}", width=64, height=64, steps=2, seed=i, guidance_scale=1.0,
-                                         model_version="tiny", status="running", batch_id=batch.id, attempts=1)
+                                         model_version="tiny", stage="publish", batch_id=batch.id, attempts=1)
             for i in range(n)]
     return batch, jobs
 

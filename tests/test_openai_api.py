@@ -118,7 +118,8 @@ def carol_bearer(db):
 
 def _finish_as(status: str, reason: str = "", blocked_stage: str = ""):
     def finish(job):
-        type(job).objects.filter(id=job.id).update(status=status, reason=reason, blocked_stage=blocked_stage)
+        from jobs.models import FIRST_STAGE, at
+        type(job).objects.filter(id=job.id).update(**at(FIRST_STAGE[status]), reason=reason, blocked_stage=blocked_stage)
         job.refresh_from_db()
         return job
 

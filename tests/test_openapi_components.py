@@ -73,7 +73,7 @@ def test_what_the_api_returns_matches_the_components(document, alice):
     from jobs.representation import status_event
 
     job = GenerationJob.objects.create(owner=alice, prompt="a red circle", width=64, height=64, steps=2,
-                                       guidance_scale=5.0, seed=2**40, model_version="tiny-random", status="done",
+                                       guidance_scale=5.0, seed=2**40, model_version="tiny-random", stage="done",
                                        progress_total=2, progress_step=2, started_at=timezone.now(),
                                        finished_at=timezone.now())
     GeneratedImage.objects.create(job=job, index=0, seed=2**40, storage_key="i/" + "b" * 32 + ".png", width=64,

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.test import Client, override_settings
 
 from bench import reliability as rel
-from jobs.models import GenerationJob
+from jobs.models import GenerationJob, at
 from tests import fake_classifiers
 from tests.conftest import wait_for_status
 from tests.live_server import start_daphne, stop_daphne
@@ -81,7 +81,7 @@ def test_sigkill_of_gpu_workers_mid_batch_again_and_again_loses_and_duplicates_n
 
 def test_a_database_outage_answers_503_with_retry_after_and_writes_nothing(alice, alice_api):
     job = GenerationJob.objects.create(owner=alice, prompt="probe", width=64, height=64, steps=2, guidance_scale=5.0,
-                                       seed=1, model_version="tiny-random", status="queued")
+                                       seed=1, model_version="tiny-random", stage="prompt")
     session = Client()
     session.force_login(alice)
     result = rel.scenario_db_outage(alice.auth_token.key, job_id=str(job.id), session_client=session)
@@ -106,14 +106,14 @@ def test_a_database_outage_answers_503_with_retry_after_and_writes_nothing(alice
 
 def test_the_event_stream_answers_503_during_a_database_outage(alice):
     job = GenerationJob.objects.create(owner=alice, prompt="probe", width=64, height=64, steps=2, guidance_scale=5.0,
-                                       seed=1, model_version="tiny-random", status="queued")
+                                       seed=1, model_version="tiny-random", stage="prompt")
     result = rel.scenario_db_outage(alice.auth_token.key, job_id=str(job.id))
     assert result["500"] == [], result["500"]
 
 
 def test_the_middleware_turns_database_errors_of_plain_views_into_503(alice):
     job = GenerationJob.objects.create(owner=alice, prompt="probe", width=64, height=64, steps=2, guidance_scale=5.0,
-                                       seed=1, model_version="tiny-random", status="queued")
+                                       seed=1, model_version="tiny-random", stage="prompt")
     with override_settings(MIDDLEWARE=[*settings.MIDDLEWARE, "jobs.api.errors.ServiceUnavailableMiddleware"]):
         result = rel.scenario_db_outage(alice.auth_token.key, job_id=str(job.id))
     assert result["500"] == [] and result["5xx_other_than_503"] == 0, result["detail"]
@@ -157,7 +157,7 @@ def test_past_capacity_submits_get_429_with_retry_after_and_never_5xx(workers, w
         result = rel.scenario_load(server.url, tokens, rates=[4, 40], seconds=2.0, steps=12, max_threads=24)
     finally:
         stop_daphne(server)
-        GenerationJob.objects.filter(status__in=["queued", "running"]).update(status="cancelled")
+        GenerationJob.objects.filter(status__in=["queued", "running"]).update(**at("cancelled"))
     assert result["5xx"] == 0 and result["errors"] == 0, result
     assert result["429_without_retry_after"] == 0, result
     low, high = result["per_rate"]

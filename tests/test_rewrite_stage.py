@@ -167,13 +167,14 @@ rewrite_stage.run(sys.argv[1])
 
 def test_a_rewriter_killed_mid_pass_loses_nothing(workers, worker_env, alice_api, settings, request):
     """A worker claims the job and is SIGKILLed inside its forward pass: the lease runs out, the
-    prompt stage's re-send wakes another rewriter, whose run counts the second attempt; the job
-    is drawn with its rewritten prompt. The reaper starts once the doomed worker holds the job
-    (before, its re-send of the prompt check, IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS after the
-    submit, could hand the job to the session's rewriter while the doomed process was still
-    starting on a loaded machine)."""
+    reaper re-sends a rewrite token for the job still in `rewrite`, which wakes another
+    rewriter, whose run counts the second attempt; the job is drawn with its rewritten prompt.
+    The reaper starts once the doomed worker holds the job (before, its re-send,
+    IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS after the submit, could hand the job to the session's
+    rewriter while the doomed process was still starting on a loaded machine)."""
     from jobs.models import GenerationJob
 
+    queue = settings.QUEUE_REWRITE
     settings.QUEUE_REWRITE = "rewrite-nobody"  # the first wake goes nowhere: the doomed process claims it
     with admitted_to(settings.IMAGEGEN_MODEL_NAME):
         job_id = submit(alice_api, FREE_FORM, seed=3401)["id"]
@@ -191,6 +192,7 @@ def test_a_rewriter_killed_mid_pass_loses_nothing(workers, worker_env, alice_api
         if doomed.poll() is None:
             os.killpg(doomed.pid, signal.SIGKILL)  # inside its forward pass, as a lost host would
         doomed.wait(timeout=10)
+    settings.QUEUE_REWRITE = queue  # the reaper's re-send goes to the session's rewriter
     request.getfixturevalue("reaper")
     resend = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS + settings.IMAGEGEN_LEASE_SECONDS
     done = wait_for_status(job_id, ("done",), timeout=resend + 180)
@@ -209,10 +211,10 @@ def test_a_rewrite_interrupted_past_the_attempts_fails_naming_the_stage(alice):
 
     job = GenerationJob.objects.create(
         owner=alice, prompt=FREE_FORM, width=64, height=64, steps=2, guidance_scale=5.0, seed=1, model_version="m",
-        rewrite=True, rewrite_attempts=settings.IMAGEGEN_MAX_ATTEMPTS,
+        rewrite=True, rewrite_attempts=settings.IMAGEGEN_MAX_ATTEMPTS, stage="rewrite",
         rewrite_lease_expires_at=timezone.now() - timedelta(seconds=1),
     )
-    SafetyVerdict.objects.create(job=job, stage="prompt", decision="allow")  # only an allowed prompt is rewritten
+    SafetyVerdict.objects.create(job=job, stage="prompt", decision="allow")  # what moved it to `rewrite`
     assert actions.claim_rewrites(str(job.id), 16) == []
     job.refresh_from_db()
     assert job.status == "failed"
@@ -270,9 +272,10 @@ def test_the_page_has_the_rewrite_switch_ticked_as_the_server_default(alice, set
 
 
 def test_a_rewrite_run_never_takes_a_job_whose_own_prompt_was_not_allowed(alice):
-    """The rewrite claim takes only jobs whose prompt, as the user wrote it, was allowed (by the
-    gate or a moderator): not one still waiting for its check, nor one whose block verdict a
-    batch drain recorded but has not yet applied."""
+    """The rewrite claim takes only jobs in its stage, which only the gate's allow or a
+    moderator's approval of the prompt as the user wrote it moves them to: not one still waiting
+    for its check, nor one whose block verdict a batch drain recorded but has not yet applied
+    (both still in `prompt`)."""
     from jobs import actions
     from jobs.models import GenerationJob
     from safety.models import SafetyVerdict
@@ -284,9 +287,9 @@ def test_a_rewrite_run_never_takes_a_job_whose_own_prompt_was_not_allowed(alice)
     unchecked = job("a yellow star on a blue background")
     drained = job("a yellow star on a blue background")
     SafetyVerdict.objects.create(job=drained, stage="prompt", decision="block", category="star")
-    allowed = job(FREE_FORM)
+    allowed = job(FREE_FORM, stage="rewrite")
     SafetyVerdict.objects.create(job=allowed, stage="prompt", decision="allow")
-    approved = job("a heart of lava")
+    approved = job("a heart of lava", stage="rewrite")
     SafetyVerdict.objects.create(job=approved, stage="prompt", decision="review", category="heart")
     SafetyVerdict.objects.create(job=approved, stage="human", decision="allow")
 
@@ -361,7 +364,7 @@ def test_a_rewrite_raising_a_category_the_moderator_did_not_see_is_asked_about(a
 
     job = GenerationJob.objects.create(
         owner=alice, prompt="a crimson heart against a snowy background", width=64, height=64, steps=2,
-        guidance_scale=5.0, seed=1, model_version="tiny-random", status="queued", rewrite=True,
+        guidance_scale=5.0, seed=1, model_version="tiny-random", stage="rewrite_check", rewrite=True,
         revised_prompt="a red heart on a white background", rewritten_at=timezone.now(),
         prompt_checked_at=timezone.now(),
     )

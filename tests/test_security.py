@@ -15,7 +15,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from jobs.media.storage import new_image_key, public_storage, quarantine_storage
-from jobs.models import GeneratedImage, GenerationJob
+from jobs.models import FIRST_STAGE, GeneratedImage, GenerationJob
 from tests.conftest import client_for, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,7 +28,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
 def make_job(owner, status="done", **extra) -> GenerationJob:
     return GenerationJob.objects.create(
         owner=owner, prompt="a red circle", width=64, height=64, steps=2, guidance_scale=5.0, seed=1,
-        model_version="tiny-random", status=status, progress_total=2, **extra,
+        model_version="tiny-random", stage=FIRST_STAGE[status], progress_total=2, **extra,
     )
 
 

@@ -105,7 +105,7 @@ def make_done_image(owner, storage_key: str, data: bytes, *, tier="public", mode
 
     job = GenerationJob.objects.create(
         owner=owner, prompt="a red square", width=64, height=64, steps=4, guidance_scale=5.0, seed=11, count=1,
-        model_version=model_version or settings.IMAGEGEN_MODEL_VERSION, status="done",
+        model_version=model_version or settings.IMAGEGEN_MODEL_VERSION, stage="done",
     )
     return GeneratedImage.objects.create(
         job=job, index=0, seed=11, storage_key=storage_key, width=64, height=64, byte_size=len(data),
@@ -362,7 +362,7 @@ def test_generate_cold_drop_regenerate_and_delete(generating, alice, bob):
 
 @pytest.mark.django_db(transaction=True)
 def test_dropped_bytes_of_a_retired_model_version_or_a_mismatch_are_410(alice):
-    from jobs.models import GenerationJob
+    from jobs.models import GenerationJob, at
     from jobs.pipeline.regenerate import complete_regeneration
 
     api = client_for(alice)
@@ -381,9 +381,9 @@ def test_dropped_bytes_of_a_retired_model_version_or_a_mismatch_are_410(alice):
     # Unfinished regeneration: pending; equal bytes: restored onto the new key.
     dropped2 = make_done_image(alice, "i/" + "d" * 32 + ".png", data, bytes_dropped=True)
     same = make_done_image(alice, "i/" + "e" * 32 + ".png", data)
-    GenerationJob.objects.filter(id=same.job_id).update(status="running")
+    GenerationJob.objects.filter(id=same.job_id).update(**at("generate"))
     assert complete_regeneration(dropped2.id, same.job_id) == "pending"
-    GenerationJob.objects.filter(id=same.job_id).update(status="done")
+    GenerationJob.objects.filter(id=same.job_id).update(**at("done"))
     assert complete_regeneration(dropped2.id, same.job_id) == "restored"
     dropped2.refresh_from_db()
     assert dropped2.storage_key == same.storage_key and not dropped2.bytes_dropped

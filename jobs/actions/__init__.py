@@ -68,7 +68,7 @@ from jobs.actions.lifecycle import (
     wake_rewriter,
 )
 from jobs.actions.review import ReviewError, appeal, approve, reject, reject_delivered, review_queue
-from jobs.actions.rewrites import claim_rewrites, needs_rewrite, release_rewrites, save_rewrite
+from jobs.actions.rewrites import claim_rewrites, release_rewrites, save_rewrite
 from jobs.actions.stages import (
     end_stage_lease,
     give_up_stage,
@@ -90,6 +90,6 @@ __all__ = [
     "finish_batch", "finish_from_cache", "hand_off", "held_jobs", "hold_for_review", "images_to_make", "live_images",
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
     "requeue_expired", "requeue_stuck_batches", "end_stage_lease", "give_up_stage", "observe_stage_seconds",
-    "claim_rewrites", "fail_rewrite", "needs_rewrite", "release_rewrites", "save_rewrite", "wake_rewriter",
+    "claim_rewrites", "fail_rewrite", "release_rewrites", "save_rewrite", "wake_rewriter",
     "queue_ages", "release_stage", "renew_stage", "stage_waited", "start_stage", "return_to_queue_now", "review_queue", "shape_of", "take_down",
 ]

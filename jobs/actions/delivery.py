@@ -17,7 +17,7 @@ from django.utils import timezone
 from imagegen import metrics
 from jobs.actions.notify import status_on_commit
 from jobs.actions.stages import enter_stage
-from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
+from jobs.models import RUNNING_STAGES, Batch, BatchStage, GeneratedImage, GenerationJob, JobStage, JobStatus, at
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,8 @@ class Written:
 
 
 def held_jobs(batch_id, attempts: dict[str, int]) -> set[str]:
-    """The jobs of the batch that this attempt still holds (running, in this batch, same attempt)."""
-    rows = GenerationJob.objects.filter(id__in=list(attempts), status=JobStatus.RUNNING, batch_id=batch_id)
+    """The jobs of the batch that this attempt still holds (generating, in this batch, same attempt)."""
+    rows = GenerationJob.objects.filter(id__in=list(attempts), stage=JobStage.GENERATE, batch_id=batch_id)
     return {str(job_id) for job_id, n in rows.values_list("id", "attempts") if attempts.get(str(job_id)) == n}
 
 
@@ -63,8 +63,8 @@ def hand_off(batch_id, attempts: dict[str, int], written: list[Written]) -> tupl
             )
             for w in keep
         ])
-        GenerationJob.objects.filter(id__in=held, status=JobStatus.RUNNING, batch_id=batch_id).update(
-            lease_expires_at=None, progress_step=locked.steps
+        GenerationJob.objects.filter(id__in=held, stage=JobStage.GENERATE, batch_id=batch_id).update(
+            **at(JobStage.CLASSIFY), lease_expires_at=None, progress_step=locked.steps
         )
         if held:
             Batch.objects.filter(id=batch_id).update(**enter_stage(BatchStage.CLASSIFY, timezone.now()))
@@ -79,9 +79,9 @@ def close_empty(batch_id) -> None:
 
 
 def live_images(batch: Batch) -> list[GeneratedImage]:
-    """The quarantined images of the batch whose jobs are still running in it."""
+    """The quarantined images of the batch whose jobs are still in it (classify or publish)."""
     return list(
-        GeneratedImage.objects.filter(batch=batch, job__status=JobStatus.RUNNING, job__batch=batch)
+        GeneratedImage.objects.filter(batch=batch, job__stage__in=RUNNING_STAGES[1:], job__batch=batch)
         .select_related("job").order_by("job_id", "index")
     )
 
@@ -101,6 +101,7 @@ def record_verdicts(batch_id, run: str, verdicts: list, gate_error: str = "") ->
             SafetyVerdict.objects.bulk_create(verdicts)
             metrics.count_verdicts(verdicts)
         Batch.objects.filter(id=batch_id).update(**enter_stage(BatchStage.PUBLISH, timezone.now()), gate_error=locked.gate_error)
+        GenerationJob.objects.filter(batch_id=batch_id, stage=JobStage.CLASSIFY).update(**at(JobStage.PUBLISH))
     return True
 
 
@@ -135,7 +136,8 @@ def _within_review_cap(outcome: Outcome) -> Outcome:
 
 
 def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple[list[str], set[str]] | None:
-    """Publish: each job's final status (compare-and-set on running, this batch, this attempt)
+    """Publish: each job's final stage, done, blocked or review (compare-and-set on the stage
+    `publish`, this batch, this attempt)
     with its images public when it is done, in one transaction; publish -> done, only by the run
     holding the stage. The caller has copied the allowed images to public storage already.
     Returns (the jobs finished, the jobs this run saw leave the batch under its lock: cancelled
@@ -151,8 +153,8 @@ def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple
             if outcome.status == JobStatus.REVIEW:
                 outcome = _within_review_cap(outcome)
             updated = GenerationJob.objects.filter(
-                id=outcome.job_id, status=JobStatus.RUNNING, batch_id=batch_id, attempts=outcome.attempts
-            ).update(status=outcome.status, blocked_stage=outcome.stage, reason=outcome.reason, finished_at=now,
+                id=outcome.job_id, stage=JobStage.PUBLISH, batch_id=batch_id, attempts=outcome.attempts
+            ).update(**at(outcome.status), blocked_stage=outcome.stage, reason=outcome.reason, finished_at=now,
                      lease_expires_at=None)
             if not updated:
                 continue
@@ -162,7 +164,7 @@ def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple
                 GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id).update(tier="public")
         rest = {o.job_id for o in outcomes} - set(finished)
         gone = {str(j) for j in GenerationJob.objects.filter(id__in=rest).exclude(
-            status=JobStatus.RUNNING, batch_id=batch_id).values_list("id", flat=True)}
+            stage=JobStage.PUBLISH, batch_id=batch_id).values_list("id", flat=True)}
         Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
         status_on_commit(*finished)
     return finished, gone

@@ -1,9 +1,20 @@
 """A job's way through the queue: created, admitted, claimed, renewed, requeued, cancelled,
 blocked, held, failed.
 
-Every transition is a compare-and-set on the current status (a conditional UPDATE), so a
-redelivered or duplicated task can never move a job twice. Status events go out on commit, and
-so do the counts of jobs entering each status (imagegen_jobs_total).
+Every move is a compare-and-set from the stage the mover holds (GenerationJob.stage; a
+conditional UPDATE that writes the stage and the status derived from it, jobs.models.at), so a
+redelivered, duplicated or stale task can never move a job twice, and no stage takes a job the
+stage before it has not released:
+
+    prompt --allow--> rewrite (rewriting on) --changed--> rewrite_check --allow--> waiting_gpu
+       |                      `--unchanged--------------------------------------> waiting_gpu
+       `--allow (no rewrite)-------------------------------------------------> waiting_gpu
+    waiting_gpu --claim--> generate --hand-off--> classify --> publish --> done | blocked | review
+    a check's block or hold: blocked | review (blocked_stage names the stage); a moderator's
+    approval moves review on as the allow would have; cancel, deadline, failure from any live stage
+
+Status events go out on commit when the status changes, and so do the counts of jobs entering
+each status (imagegen_jobs_total).
 
 The daily quota is charged here, when a GPU worker first claims a job (jobs/access/usage.py).
 """
@@ -25,7 +36,18 @@ from imagegen import metrics, stage_table
 from imagegen.redis_client import PREFIX, get_redis
 from jobs.access import usage
 from jobs.actions.notify import status_on_commit
-from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob, JobStatus, UsageCharge
+from jobs.models import (
+    ACTIVE_STAGES,
+    QUEUED_STAGES,
+    TERMINAL_STATUSES,
+    GeneratedImage,
+    GenerationJob,
+    JobStage,
+    JobStatus,
+    UsageCharge,
+    at,
+    status_of,
+)
 from scheduling import lanes, scheduler
 
 log = logging.getLogger(__name__)
@@ -87,8 +109,9 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
     if delayed:
         delay = cache.reveal_delay(job)
         job.cache_reveal_at = now + timedelta(seconds=delay)
+        job.stage = JobStage.REVEAL
     else:
-        job.status, job.started_at, job.finished_at, job.progress_step = JobStatus.DONE, now, now, job.steps
+        job.stage, job.started_at, job.finished_at, job.progress_step = JobStage.DONE, now, now, job.steps
     source = next(iter(cached.values()))
     if job.rewrite:  # the same prompt through the same rewriter (the key says so): the same rewrite
         job.revised_prompt, job.rewriter_version = source.job.revised_prompt, source.job.rewriter_version
@@ -129,8 +152,8 @@ def reveal_cached(job_id) -> bool:
     if job is None or job.cache_reveal_at is None or job.cache_reveal_at > now + timedelta(seconds=0.5):
         return False
     with transaction.atomic():
-        if not GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, cache_reveal_at__isnull=False).update(
-            status=JobStatus.DONE, started_at=job.cache_reveal_at, finished_at=now, progress_step=job.steps,
+        if not GenerationJob.objects.filter(id=job_id, stage=JobStage.REVEAL).update(
+            **at(JobStage.DONE), started_at=job.cache_reveal_at, finished_at=now, progress_step=job.steps,
         ):
             return False
         metrics.count_jobs(JobStatus.DONE, job.model_version)
@@ -143,16 +166,19 @@ reveal_cached_task = shared_task(name=REVEAL_TASK, ignore_result=True)(reveal_ca
 
 def reveal_due(now=None, limit: int = 500) -> int:
     now = now or timezone.now()
-    due = GenerationJob.objects.filter(status=JobStatus.QUEUED, cache_reveal_at__lte=now).values_list("id", flat=True)[:limit]
+    due = GenerationJob.objects.filter(stage=JobStage.REVEAL, cache_reveal_at__lte=now).values_list("id", flat=True)[:limit]
     return sum(1 for job_id in list(due) if reveal_cached(job_id))
 
 
-def _transition(job_id, from_statuses, to_status: str, **fields) -> bool:
-    with transaction.atomic():  # the status and its webhook outbox row commit together
-        updated = GenerationJob.objects.filter(id=job_id, status__in=list(from_statuses)).update(
-            status=to_status, **fields
-        )
-        if updated:
+def move(job_id, from_stages, to_stage: str, **fields) -> bool:
+    """One job from one of `from_stages` to `to_stage` (a compare-and-set: a duplicate or a stale
+    run, which no longer holds the stage, moves nothing). A move that changes the status sends
+    its events and its webhook outbox row, which commit with it."""
+    from_stages = [from_stages] if isinstance(from_stages, str) else list(from_stages)
+    to_status = status_of(to_stage)
+    with transaction.atomic():
+        updated = GenerationJob.objects.filter(id=job_id, stage__in=from_stages).update(**at(to_stage), **fields)
+        if updated and any(status_of(stage) != to_status for stage in from_stages):
             status_on_commit(job_id)
             version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
             metrics.count_jobs(to_status, version or "")
@@ -168,10 +194,10 @@ def cancel_job(job: GenerationJob, reason: str = "cancelled by the owner") -> bo
     skipped at claim (the job is no longer queued)."""
     if job.status in TERMINAL_STATUSES:
         return False
-    changed = _transition(
+    changed = move(
         job.id,
-        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
-        JobStatus.CANCELLED,
+        ACTIVE_STAGES,
+        JobStage.CANCELLED,
         finished_at=timezone.now(),
         reason=reason,
         lease_expires_at=None,
@@ -199,9 +225,9 @@ def cancel_past_deadline(now=None, limit: int = 500) -> int:
     (jobs/access/usage.py charges at claim), and its reservation ends with it."""
     now = now or timezone.now()
     cancelled = 0
-    unclaimed = Q(status=JobStatus.QUEUED) | Q(status=JobStatus.REVIEW, blocked_stage__in=("prompt", "rewrite"))
+    unclaimed = Q(stage__in=QUEUED_STAGES) | Q(stage=JobStage.REVIEW, blocked_stage__in=("prompt", "rewrite"))
     for job in GenerationJob.objects.filter(unclaimed, deadline_at__lt=now)[:limit]:
-        if _transition(job.id, [job.status], JobStatus.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
+        if move(job.id, job.stage, JobStage.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
             cancelled += 1
             if job.scheduled_at is not None:
                 try:
@@ -211,11 +237,12 @@ def cancel_past_deadline(now=None, limit: int = 500) -> int:
     return cancelled
 
 
-def block_job(job_id, stage: str, reason: str) -> bool:
-    return _transition(
+def block_job(job_id, stage: str, reason: str, from_stages=ACTIVE_STAGES) -> bool:
+    """A safety refusal at `stage` (the check's stage, or "human"), from the stage the caller holds."""
+    return move(
         job_id,
-        [JobStatus.QUEUED, JobStatus.REVIEW, JobStatus.RUNNING],
-        JobStatus.BLOCKED,
+        from_stages,
+        JobStage.BLOCKED,
         blocked_stage=stage,
         reason=reason,
         finished_at=timezone.now(),
@@ -223,11 +250,11 @@ def block_job(job_id, stage: str, reason: str) -> bool:
     )
 
 
-def fail_unstarted(job_id, reason: str) -> bool:
-    return _transition(job_id, [JobStatus.QUEUED, JobStatus.REVIEW], JobStatus.FAILED, reason=reason, finished_at=timezone.now())
+def fail_unstarted(job_id, reason: str, from_stages=(*QUEUED_STAGES, JobStage.REVIEW)) -> bool:
+    return move(job_id, from_stages, JobStage.FAILED, reason=reason, finished_at=timezone.now())
 
 
-def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatus.QUEUED) -> bool:
+def hold_for_review(job_id, stage: str, reason: str, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK)) -> bool:
     """Hold the job for a moderator; a prompt whose owner already has
     IMAGEGEN_USER_MAX_IN_REVIEW cases in the queue is blocked instead (one user must not fill
     the moderators' queue). Returns whether it was held."""
@@ -242,24 +269,35 @@ def hold_for_review(job_id, stage: str, reason: str, from_status: str = JobStatu
             block_job(job_id, stage, (
                 f"{reason} (it would be held for review, but {held} of your jobs already wait for a moderator; "
                 f"the limit is {limit})"
-            ))
+            ), from_stages=from_stages)
             return False
-        return _transition(job_id, [from_status], JobStatus.REVIEW, blocked_stage=stage, reason=reason)
+        return move(job_id, from_stages, JobStage.REVIEW, blocked_stage=stage, reason=reason)
 
 
-def admit(job_id) -> bool:
-    """The prompt passed: put the job in its shape's bucket (after commit) and wake a GPU worker.
-    A job whose prompt goes through the rewriter and has not yet wakes a rewriter instead (the
-    rewrite stage; jobs/actions/rewrites.py): its rewritten prompt is checked again first."""
-    if GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None, rewrite=True,
-                                    rewritten_at=None).exists():
+def admit(job_id, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK), **fields) -> str | None:
+    """The prompt passed (the gate's allow, or a moderator's approval from `review`): the job
+    moves on from the stage the caller holds. A job whose prompt goes through the rewriter and has
+    not yet moves to the rewrite stage (and wakes a rewriter: jobs/actions/rewrites.py), whose
+    changed prompt is checked again; any other goes to its shape's bucket (after commit) and
+    wakes a GPU worker. Returns the stage it moved to, None when it was not in `from_stages`."""
+    from_stages = [from_stages] if isinstance(from_stages, str) else list(from_stages)
+    row = GenerationJob.objects.filter(id=job_id, stage__in=from_stages).values_list(
+        "stage", "rewrite", "rewritten_at").first()
+    if row is None:
+        return None
+    stage, rewrite, rewritten_at = row
+    if rewrite and rewritten_at is None:
+        if not move(job_id, stage, JobStage.REWRITE, **fields):
+            return None
         transaction.on_commit(lambda: wake_rewriter(str(job_id)))
-        return False
+        return JobStage.REWRITE
+    return JobStage.WAITING_GPU if schedule(job_id, stage, **fields) else None
+
+
+def schedule(job_id, from_stage: str, **fields) -> bool:
+    """`from_stage` -> waiting_gpu: admitted to the scheduler, its bucket entry added on commit."""
     now = timezone.now()
-    claimed = GenerationJob.objects.filter(id=job_id, status=JobStatus.QUEUED, scheduled_at=None).update(
-        scheduled_at=now
-    )
-    if not claimed:
+    if not move(job_id, from_stage, JobStage.WAITING_GPU, scheduled_at=now, **fields):
         return False
     job = GenerationJob.objects.get(id=job_id)
     transaction.on_commit(lambda: enqueue(job, now.timestamp()))
@@ -273,8 +311,8 @@ def wake_rewriter(job_id: str | None = None) -> None:
 
 
 def fail_rewrite(job_id, reason: str) -> bool:
-    return _transition(job_id, [JobStatus.QUEUED], JobStatus.FAILED, reason=reason, finished_at=timezone.now(),
-                       rewrite_lease_expires_at=None)
+    return move(job_id, JobStage.REWRITE, JobStage.FAILED, reason=reason, finished_at=timezone.now(),
+                rewrite_lease_expires_at=None)
 
 
 def enqueue(job: GenerationJob, enqueued_at: float) -> None:
@@ -285,21 +323,21 @@ def enqueue(job: GenerationJob, enqueued_at: float) -> None:
 
 
 def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
-    """queued -> running for the taken jobs, in one UPDATE; cancelled or already-taken jobs
+    """waiting_gpu -> generate for the taken jobs, in one UPDATE; cancelled or already-taken jobs
     (a stale or duplicated scheduler entry) are simply not claimed."""
     now = timezone.now()
     with transaction.atomic():
-        GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.QUEUED, scheduled_at__isnull=False).exclude(
+        GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.WAITING_GPU).exclude(
             deadline_at__lte=now  # past its deadline: the reaper cancels it, uncharged
         ).update(
-            status=JobStatus.RUNNING,
+            **at(JobStage.GENERATE),
             attempts=F("attempts") + 1,
             started_at=now,
             batch_id=batch_id,
             progress_step=0,
             lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
         )
-        jobs = list(GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, batch_id=batch_id))
+        jobs = list(GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.GENERATE, batch_id=batch_id))
         # The GPU work is spent from here on: charged now, whatever becomes of the job.
         charge_claimed(jobs, now)
         order = {str(j): i for i, j in enumerate(job_ids)}
@@ -315,22 +353,22 @@ def renew_leases(job_ids: list[str], progress_step: int | None = None) -> None:
     fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)}
     if progress_step is not None:
         fields["progress_step"] = progress_step
-    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, lease_expires_at__isnull=False).update(**fields)
+    GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.GENERATE, lease_expires_at__isnull=False).update(**fields)
 
 
 def return_to_queue_now(job_ids: list[str]) -> None:
     """Infrastructure (Redis or the database) interrupted the pass: end the leases now, so the
     reaper requeues the jobs at once instead of failing them for something they did not do."""
-    GenerationJob.objects.filter(id__in=job_ids, status=JobStatus.RUNNING, lease_expires_at__isnull=False).update(
+    GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.GENERATE, lease_expires_at__isnull=False).update(
         lease_expires_at=timezone.now()
     )
 
 
 def fail_running(job: GenerationJob, reason: str) -> bool:
-    """running -> failed, only for the attempt that this worker holds."""
+    """generate -> failed, only for the attempt that this worker holds."""
     with transaction.atomic():
-        updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.RUNNING, attempts=job.attempts).update(
-            status=JobStatus.FAILED, reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
+        updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.GENERATE, attempts=job.attempts).update(
+            **at(JobStage.FAILED), reason=reason[:2000], finished_at=timezone.now(), lease_expires_at=None
         )
         if updated:
             status_on_commit(job.id)
@@ -343,7 +381,7 @@ def requeue_expired(now=None) -> dict:
     queue, or fail after IMAGEGEN_MAX_ATTEMPTS attempts."""
     now = now or timezone.now()
     requeued = failed = 0
-    for job in GenerationJob.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=now):
+    for job in GenerationJob.objects.filter(stage=JobStage.GENERATE, lease_expires_at__lt=now):
         if job.attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
             reason = (
                 f"generation was interrupted {job.attempts} times (the worker was lost); "
@@ -353,8 +391,8 @@ def requeue_expired(now=None) -> dict:
                 failed += 1
             continue
         updated = GenerationJob.objects.filter(
-            id=job.id, status=JobStatus.RUNNING, attempts=job.attempts, lease_expires_at__lt=now
-        ).update(status=JobStatus.QUEUED, lease_expires_at=None, progress_step=0, batch=None, started_at=None)
+            id=job.id, stage=JobStage.GENERATE, attempts=job.attempts, lease_expires_at__lt=now
+        ).update(**at(JobStage.WAITING_GPU), lease_expires_at=None, progress_step=0, batch=None, started_at=None)
         if updated:
             job.refresh_from_db()
             log.warning("requeued job %s after attempt %s: lease expired", job.id, job.attempts,
@@ -371,42 +409,44 @@ def move_queued(from_version: str, to_version: str) -> int:
     """Promote or roll back: queued jobs of one version go to another, keeping their place in
     the queue (their admission time). Running jobs finish where they are."""
     moved = 0
-    for job in GenerationJob.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.REVIEW], model_version=from_version):
-        updated = GenerationJob.objects.filter(id=job.id, status=job.status, model_version=from_version).update(
+    for job in GenerationJob.objects.filter(stage__in=(*QUEUED_STAGES, JobStage.REVIEW), model_version=from_version):
+        updated = GenerationJob.objects.filter(id=job.id, stage=job.stage, model_version=from_version).update(
             model_version=to_version
         )
         if not updated:
             continue
         moved += 1
-        if job.status == JobStatus.QUEUED and job.scheduled_at is not None and job.cache_reveal_at is None:
+        if job.stage == JobStage.WAITING_GPU:
             _unqueue(job)
             job.model_version = to_version
             enqueue(job, job.scheduled_at.timestamp())
     return moved
 
 
-def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str]]:
-    """Re-enqueue admitted, queued jobs that are missing from Redis (state lost, or a worker died
-    between taking and claiming). Returns (how many were restored, the jobs whose prompt check
-    was lost with the broker and is due again: at most once per IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
-    per job)."""
+def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str], list[str]]:
+    """Re-enqueue admitted jobs (waiting_gpu) that are missing from Redis (state lost, or a worker
+    died between taking and claiming). Returns (how many were restored, the jobs whose prompt
+    check was lost with the broker and is due again, the jobs waiting for a rewriter whose wake
+    was lost or whose rewriter died: each at most once per IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS)."""
     cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
     restored = 0
     reveal_due()  # delayed cross-user cache hits whose message was lost
-    for job in GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at__lt=cutoff, cache_reveal_at=None):
+    for job in GenerationJob.objects.filter(stage=JobStage.WAITING_GPU, scheduled_at__lt=cutoff):
         if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
     resend_after = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
     stale_check = timezone.now() - timedelta(seconds=max(resend_after, min_age_seconds))
-    recheck = [
-        str(job_id)
-        for job_id in GenerationJob.objects.filter(
-            status=JobStatus.QUEUED, scheduled_at=None, created_at__lt=stale_check
-        ).values_list("id", flat=True)
-        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after)))
-    ]
-    return restored, recheck
+    now = timezone.now()
+    due = GenerationJob.objects.filter(created_at__lt=stale_check).filter(
+        Q(stage__in=(JobStage.PROMPT, JobStage.REWRITE_CHECK))
+        | Q(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now), stage=JobStage.REWRITE)
+    ).values_list("id", "stage")
+    again: dict[str, list[str]] = {JobStage.PROMPT: [], JobStage.REWRITE: []}
+    for job_id, stage in due:
+        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after))):
+            again[JobStage.REWRITE if stage == JobStage.REWRITE else JobStage.PROMPT].append(str(job_id))
+    return restored, again[JobStage.PROMPT], again[JobStage.REWRITE]
 
 
 def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:

@@ -1,7 +1,8 @@
 """Human review: moderators approve or reject held prompts and images, and decide appeals.
 
 Every decision is a SafetyVerdict at stage "human" with the reviewer and notes, and a
-compare-and-set on the job's status, so two moderators acting at once cannot both win.
+compare-and-set on the job's stage, so two moderators acting at once cannot both win. An
+approved prompt moves on as the gate's allow would have moved it (jobs.actions.admit).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from jobs.actions.images import take_down
 from jobs.actions.lifecycle import admit
 from jobs.actions.notify import status_on_commit
 from jobs.media.storage import publish_object
-from jobs.models import GeneratedImage, GenerationJob, JobStatus
+from jobs.models import GeneratedImage, GenerationJob, JobStage, JobStatus, at
 from safety.models import SafetyVerdict
 from safety.policy_version import policy_version
 
@@ -33,7 +34,7 @@ def review_queue():
     from django.db.models import Q
 
     return GenerationJob.objects.filter(
-        Q(status=JobStatus.REVIEW) | Q(status=JobStatus.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
+        Q(stage=JobStage.REVIEW) | Q(stage=JobStage.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
     ).order_by("created_at")
 
 
@@ -61,55 +62,51 @@ def _publish_images(job: GenerationJob) -> None:
 
 def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
     """Held prompt -> generation continues; held images -> delivered; appeal -> overturned."""
-    appeal = job.status == JobStatus.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
+    appeal = job.stage == JobStage.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
     # Images exist when the gate held or blocked them (stage image) or a moderator took a
     # delivered image down (stage human): approving publishes them; otherwise the prompt was
     # held or blocked and the job goes back to the queue to be generated.
     has_images = job.images.filter(tier="quarantine").exists()
     with transaction.atomic():
-        if job.status == JobStatus.REVIEW or appeal:
-            source = JobStatus.BLOCKED if appeal else JobStatus.REVIEW
+        if job.stage == JobStage.REVIEW or appeal:
+            source = JobStage.BLOCKED if appeal else JobStage.REVIEW
             if has_images and job.blocked_stage in ("image", "human"):
-                updated = GenerationJob.objects.filter(id=job.id, status=source).update(
-                    status=JobStatus.DONE, finished_at=timezone.now(), reason="", blocked_stage="",
+                updated = GenerationJob.objects.filter(id=job.id, stage=source).update(
+                    **at(JobStage.DONE), finished_at=timezone.now(), reason="", blocked_stage="",
                     appeal_outcome="overturned" if appeal else job.appeal_outcome,
                 )
                 if not updated:
                     raise ReviewError("the case was decided meanwhile")
                 _publish_images(job)
                 metrics.count_jobs(JobStatus.DONE, job.model_version)
+                status_on_commit(job.id)
                 for image in job.images.all():
                     _verdict(job, "allow", reviewer, notes, "approved by a moderator", image=image)
             else:
-                updated = GenerationJob.objects.filter(id=job.id, status=source).update(
-                    status=JobStatus.QUEUED, reason="", blocked_stage="", finished_at=None,
-                    appeal_outcome="overturned" if appeal else job.appeal_outcome,
-                )
-                if not updated:
+                # The prompt (or its rewrite) approved: on to the rewriter or the scheduler.
+                if not admit(job.id, from_stages=[source], reason="", blocked_stage="", finished_at=None,
+                             appeal_outcome="overturned" if appeal else job.appeal_outcome):
                     raise ReviewError("the case was decided meanwhile")
                 _verdict(job, "allow", reviewer, notes, "prompt approved by a moderator")
-                metrics.count_jobs(JobStatus.QUEUED, job.model_version)
-                transaction.on_commit(lambda: admit(job.id))
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")
-        status_on_commit(job.id)
     return "overturned" if appeal else "approved"
 
 
 def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
     """Held -> blocked (bytes stay private); appeal -> upheld, the job stays blocked."""
-    appeal = job.status == JobStatus.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
+    appeal = job.stage == JobStage.BLOCKED and job.appealed_at is not None and not job.appeal_outcome
     reason = notes or "rejected by a moderator"
     with transaction.atomic():
         if appeal:
-            updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.BLOCKED, appeal_outcome="").update(
+            updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.BLOCKED, appeal_outcome="").update(
                 appeal_outcome="upheld", reason=f"{job.reason} (appeal upheld: {reason})"
             )
-        elif job.status == JobStatus.REVIEW:
-            updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.REVIEW).update(
+        elif job.stage == JobStage.REVIEW:
+            updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.REVIEW).update(
                 # The decision is the moderator's: the job says so, in the moderator's words
                 # (not as the check that held it).
-                status=JobStatus.BLOCKED, reason=reason, finished_at=timezone.now(), blocked_stage="human",
+                **at(JobStage.BLOCKED), reason=reason, finished_at=timezone.now(), blocked_stage="human",
             )
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")
@@ -132,8 +129,8 @@ def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
         count = take_down(sharing)
         for other in sharing:
             _verdict(other.job, "block", reviewer, notes, "image rejected by a moderator after delivery", image=other)
-            if GenerationJob.objects.filter(id=other.job_id, status=JobStatus.DONE).update(
-                status=JobStatus.BLOCKED, blocked_stage="human", reason=notes or "an image was rejected by a moderator"
+            if GenerationJob.objects.filter(id=other.job_id, stage=JobStage.DONE).update(
+                **at(JobStage.BLOCKED), blocked_stage="human", reason=notes or "an image was rejected by a moderator"
             ):
                 status_on_commit(other.job_id)
                 metrics.count_jobs(JobStatus.BLOCKED, other.job.model_version)
@@ -144,7 +141,7 @@ def appeal(job: GenerationJob, note: str) -> None:
     """The owner of a blocked job asks once for a human decision."""
     if job.status != JobStatus.BLOCKED:
         raise ReviewError(f"only a blocked job can be appealed (this one is {job.status})")
-    updated = GenerationJob.objects.filter(id=job.id, status=JobStatus.BLOCKED, appealed_at__isnull=True).update(
+    updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.BLOCKED, appealed_at__isnull=True).update(
         appealed_at=timezone.now(), appeal_note=note
     )
     if not updated:

@@ -3,17 +3,18 @@ generation). The stage is per job, batched across users: a worker takes every wa
 to IMAGEGEN_REWRITE_BATCH) in one claim, rewrites their prompts in one forward pass and saves
 each with a compare-and-set on its lease.
 
-    waiting   queued, not scheduled, rewrite on, not rewritten, lease free or run out, and its own
-              prompt (as the user wrote it) allowed by the gate or approved by a moderator: a
-              run woken for one job never takes another still waiting for its check, nor one
-              whose block or hold a batch drain recorded but has not yet applied
+    waiting   in the stage `rewrite`, lease free or run out. Only the prompt gate's allow (or a
+              moderator's approval) moves a job there (jobs.actions.admit), so a run woken for
+              one job never takes another still waiting for its check, nor one whose block or
+              hold a batch drain recorded but has not yet applied
     claimed   its lease set for IMAGEGEN_LEASE_SECONDS, rewrite_attempts + 1 (a started run)
-    saved     revised_prompt, the rewriter's identity, rewritten_at; then the second prompt
-              gate (a changed prompt) or straight to the scheduler (unchanged)
+    saved     revised_prompt, the rewriter's identity, rewritten_at, and the move on (a
+              compare-and-set from `rewrite` under a lease): to `rewrite_check`, the second
+              prompt gate, when it changed the prompt; to `waiting_gpu` (the scheduler) when not
 
 A claim message that finds nothing waiting does nothing (a duplicate or a redelivery). A run
-whose worker died leaves its lease to run out: the prompt stage's re-send (the reaper re-sends
-checks of queued, unscheduled jobs) wakes a worker again, whose claim counts the attempt; past
+whose worker died leaves its lease to run out: the reaper re-sends a rewrite token for a job
+waiting in the stage with no live lease, which wakes a worker again, whose claim counts the attempt; past
 IMAGEGEN_MAX_ATTEMPTS started runs the job fails, naming the stage.
 """
 
@@ -23,30 +24,17 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from imagegen.stage_table import STAGES
-from jobs.actions.lifecycle import fail_rewrite
-from jobs.models import GenerationJob, JobStatus
-from safety.models import SafetyVerdict
-
-
-def needs_rewrite(job: GenerationJob) -> bool:
-    return bool(job.rewrite) and job.rewritten_at is None
-
-
-def prompt_allowed() -> Exists:
-    """The job's own prompt was allowed: the gate's verdict at stage `prompt`, or a moderator's
-    approval of the prompt (a human verdict on no image; before a rewrite there is no other)."""
-    verdicts = SafetyVerdict.objects.filter(job=OuterRef("pk"), decision="allow")
-    return Exists(verdicts.filter(Q(stage="prompt") | Q(stage="human", image__isnull=True)))
+from jobs.actions.lifecycle import fail_rewrite, move, schedule
+from jobs.models import GenerationJob, JobStage
 
 
 def _waiting(now):
-    return GenerationJob.objects.filter(
-        prompt_allowed(), status=JobStatus.QUEUED, scheduled_at=None, rewrite=True, rewritten_at=None,
-    ).filter(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now))
+    return GenerationJob.objects.filter(stage=JobStage.REWRITE).filter(
+        Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now))
 
 
 def claim_rewrites(first: str | None, limit: int) -> list[GenerationJob]:
@@ -71,16 +59,21 @@ def claim_rewrites(first: str | None, limit: int) -> list[GenerationJob]:
     return jobs
 
 
-def save_rewrite(job_id, revised: str, identity: str) -> bool:
-    """Record what the rewriter wrote, if the job still waits for it under this run's lease
-    (cancelled, failed or saved meanwhile: False, and nothing changes)."""
-    return bool(GenerationJob.objects.filter(
-        id=job_id, status=JobStatus.QUEUED, scheduled_at=None, rewrite=True, rewritten_at=None,
-        rewrite_lease_expires_at__isnull=False,
-    ).update(revised_prompt=revised, rewriter_version=identity, rewritten_at=timezone.now(),
-             rewrite_lease_expires_at=None))
+def save_rewrite(job_id, revised: str, identity: str, changed: bool) -> bool:
+    """Record what the rewriter wrote and move the job on (`rewrite_check` when the prompt
+    changed, else `waiting_gpu`), if it still waits in the stage under this run's lease (cancelled,
+    failed or saved meanwhile: False, and nothing changes)."""
+    saved = {"revised_prompt": revised, "rewriter_version": identity, "rewritten_at": timezone.now(),
+             "rewrite_lease_expires_at": None}
+    with transaction.atomic():
+        held = GenerationJob.objects.filter(id=job_id, stage=JobStage.REWRITE, rewrite_lease_expires_at__isnull=False)
+        if not held.exists():
+            return False
+        if changed:
+            return move(job_id, JobStage.REWRITE, JobStage.REWRITE_CHECK, **saved)
+        return schedule(job_id, JobStage.REWRITE, **saved)
 
 
 def release_rewrites(job_ids: list) -> None:
     """A run that failed before saving gives its jobs back at once (their attempt stays counted)."""
-    GenerationJob.objects.filter(id__in=job_ids, rewritten_at=None).update(rewrite_lease_expires_at=None)
+    GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.REWRITE).update(rewrite_lease_expires_at=None)

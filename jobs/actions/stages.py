@@ -25,7 +25,7 @@ from imagegen import metrics
 from imagegen.redis_client import PREFIX, get_redis
 from imagegen.stage_table import STAGES
 from jobs.actions.notify import status_on_commit
-from jobs.models import Batch, BatchStage, GenerationJob, JobStatus
+from jobs.models import RUNNING_STAGES, Batch, BatchStage, GenerationJob, JobStage, JobStatus, at
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ def give_up_stage(batch_id, stage: str, run: str, reason: str) -> int:
 
 def _fail_jobs(batch_id, reason: str) -> int:
     now = timezone.now()
-    ids = list(GenerationJob.objects.filter(batch_id=batch_id, status=JobStatus.RUNNING).values_list("id", flat=True))
-    GenerationJob.objects.filter(id__in=ids, status=JobStatus.RUNNING).update(
-        status=JobStatus.FAILED, finished_at=now, lease_expires_at=None, reason=reason[:2000]
+    ids = list(GenerationJob.objects.filter(batch_id=batch_id, stage__in=RUNNING_STAGES).values_list("id", flat=True))
+    GenerationJob.objects.filter(id__in=ids, stage__in=RUNNING_STAGES, batch_id=batch_id).update(
+        **at(JobStage.FAILED), finished_at=now, lease_expires_at=None, reason=reason[:2000]
     )
     status_on_commit(*ids)
     version = Batch.objects.filter(id=batch_id).values_list("model_version", flat=True).first() or ""

@@ -104,7 +104,7 @@ def _awaiting_prompt_check() -> list[tuple[str, policy.Entry]]:
 
     out = []
     recent = timezone.now() - timedelta(minutes=10)
-    for job in GenerationJob.objects.filter(status="queued", scheduled_at=None, created_at__gte=recent).only(
+    for job in GenerationJob.objects.filter(stage__in=("prompt", "rewrite", "rewrite_check"), created_at__gte=recent).only(
         "id", "owner_id", "model_version", "width", "height", "steps", "guidance_scale", "scheduler", "count",
         "created_at", "priority",
     )[:2000]:

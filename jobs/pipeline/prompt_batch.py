@@ -21,7 +21,7 @@ from django.utils import timezone
 from imagegen import timing
 from imagegen.redis_client import PREFIX, get_redis
 from jobs import actions
-from jobs.models import GenerationJob, JobStatus
+from jobs.models import GenerationJob, JobStage
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ def waiting_query(job_id, n: int):
     anti-join on the verdicts read every verdict once per queued job when PostgreSQL's
     statistics lagged a burst: ~0.5 s a pass behind 1,000 queued jobs; tests/test_prompt_batch.py.)"""
     return (
-        GenerationJob.objects.filter(status=JobStatus.QUEUED, scheduled_at=None, prompt_checked_at=None,
-                                     cache_reveal_at=None, created_at__gte=timezone.now() - RECENT)
+        GenerationJob.objects.filter(stage=JobStage.PROMPT, prompt_checked_at=None,
+                                     created_at__gte=timezone.now() - RECENT)
         .exclude(id=job_id)
         .order_by("created_at")
-        .only("id", "prompt", "negative_prompt", "owner_id", "status", "scheduled_at")[:n]
+        .only("id", "prompt", "negative_prompt", "owner_id", "stage")[:n]
     )
 
 

@@ -13,7 +13,7 @@ import time
 from imagegen import timing
 from imagegen.precompiled import Precompiled
 from jobs import actions
-from jobs.models import GenerationJob, JobStatus
+from jobs.models import GenerationJob, JobStage
 from safety.models import SafetyVerdict
 
 log = logging.getLogger(__name__)
@@ -35,10 +35,10 @@ _LAST_HUMAN_AFTER = Precompiled(
 
 def gate_prompt(job_id: str) -> str:
     job = _JOB.first(id=job_id)
-    if job is None or job.status != JobStatus.QUEUED or job.scheduled_at is not None:
-        return "skipped"
+    if job is None or job.stage not in (JobStage.PROMPT, JobStage.REWRITE_CHECK):
+        return "skipped"  # a duplicate, a stale re-send, or a job that moved on
     timing.note(waited_s=max(0.0, time.time() - job.created_at.timestamp()))  # since the submit
-    rewritten = job.rewrite and job.rewritten_at is not None and job.revised_prompt != job.prompt
+    rewritten = job.stage == JobStage.REWRITE_CHECK
     stage, prompt = ("rewrite", job.revised_prompt) if rewritten else ("prompt", job.prompt)
     # A verdict already recorded (a redelivered task) is reused, never decided twice.
     verdict = _FIRST_VERDICT.first(job=job.id, stage=stage)
@@ -62,12 +62,13 @@ def gate_prompt(job_id: str) -> str:
         human = _approval_carried(job.id, verdict)
     if human is not None:
         verdict = human
+    # Each outcome is a move from the stage this check holds: a duplicate finds it gone.
     if verdict.decision == "block":
-        actions.block_job(job.id, stage, _naming(stage, verdict.reason))
+        actions.block_job(job.id, stage, _naming(stage, verdict.reason), from_stages=[job.stage])
     elif verdict.decision == "review":
-        actions.hold_for_review(job.id, stage, _naming(stage, verdict.reason))
+        actions.hold_for_review(job.id, stage, _naming(stage, verdict.reason), from_stages=[job.stage])
     else:
-        actions.admit(job.id)  # to the scheduler; or first to the rewriter (the rewrite stage)
+        actions.admit(job.id, from_stages=[job.stage])  # to the scheduler; or first to the rewriter
     return verdict.decision
 
 

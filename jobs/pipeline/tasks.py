@@ -88,10 +88,12 @@ def reap() -> dict:
     for stage, lane, batch_id in again:
         stages.send(stage, lane, batch_id)
     result["stages_sent_again"] = len(again)
-    result["restored"], recheck = actions.rebuild_scheduler_state()
+    result["restored"], recheck, rewake = actions.rebuild_scheduler_state()
     for job_id in recheck:
         stages.send("prompt", job_id)
-    result["rechecked"] = len(recheck)
+    for job_id in rewake:
+        stages.send("rewrite", job_id)
+    result["rechecked"] = len(recheck) + len(rewake)
     result["past_deadline"] = actions.cancel_past_deadline()
     result["webhooks_resent"] = webhooks.resend_due()
     if any(result.values()):

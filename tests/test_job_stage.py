@@ -1,0 +1,197 @@
+"""A job's stage is one field (issue 43, item 2): every claim selects by it, every move is a
+compare-and-set from the stage the mover holds, and the status is derived from it in one place
+and kept equal by the database. A duplicated or a stale message of each stage changes nothing.
+
+Unit layer: each stage's action called directly, on a rollback transaction (nothing commits, so
+no bucket entry or wake-up leaves it)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from jobs import actions
+from jobs.models import (
+    FIRST_STAGE,
+    STATUS_OF,
+    Batch,
+    BatchStage,
+    GenerationJob,
+    JobStage,
+    JobStatus,
+    at,
+    status_of,
+)
+from safety.models import SafetyVerdict
+from tests.conftest import make_user
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def alice(db):
+    """A user on the rollback transaction (the session's `alice` needs a committing database)."""
+    return make_user("stage-alice")
+
+
+def _job(owner, stage=JobStage.PROMPT, **fields) -> GenerationJob:
+    return GenerationJob.objects.create(owner=owner, prompt="a red circle", width=64, height=64, steps=2,
+                                        guidance_scale=5.0, seed=1, model_version="tiny-random", stage=stage, **fields)
+
+
+def _as_sent(value):
+    """What a broker carries: ids through a JSON round trip."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _snapshot(job_id) -> dict:
+    row = GenerationJob.objects.filter(id=job_id).values().first()
+    return {**row, "verdicts": SafetyVerdict.objects.filter(job_id=job_id).count()}
+
+
+def test_every_stage_has_one_status_and_every_status_a_first_stage():
+    assert set(STATUS_OF) == set(JobStage.values)
+    assert {status_of(stage) for stage in JobStage.values} == set(JobStatus.values)
+    assert all(status_of(FIRST_STAGE[status]) == status for status in JobStatus.values)
+    assert FIRST_STAGE[JobStatus.QUEUED] == JobStage.PROMPT and FIRST_STAGE[JobStatus.RUNNING] == JobStage.GENERATE
+
+
+def test_the_database_refuses_a_status_that_is_not_its_stages(alice):
+    job = _job(alice, JobStage.WAITING_GPU)
+    assert job.status == JobStatus.QUEUED  # derived on save
+    with pytest.raises(IntegrityError), transaction.atomic():
+        GenerationJob.objects.filter(id=job.id).update(status=JobStatus.RUNNING)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        GenerationJob.objects.filter(id=job.id).update(stage=JobStage.DONE)
+    GenerationJob.objects.filter(id=job.id).update(**at(JobStage.GENERATE))
+    assert GenerationJob.objects.get(id=job.id).status == JobStatus.RUNNING
+
+
+def test_a_rewrite_run_never_takes_a_job_whose_prompt_check_has_not_moved_it_on(alice):
+    """The hole of issue 43: a verdict recorded (by a batch drain) but not applied, or no
+    verdict at all, leaves the job in `prompt`; only the gate's allow moves it to `rewrite`."""
+    unchecked = _job(alice, rewrite=True)
+    drained = _job(alice, rewrite=True)
+    SafetyVerdict.objects.create(job=drained, stage="prompt", decision="block", category="star")
+    assert actions.claim_rewrites(_as_sent(str(unchecked.id)), 16) == []
+    assert actions.claim_rewrites(None, 16) == []
+    assert actions.admit(drained.id, from_stages=[JobStage.PROMPT]) == JobStage.REWRITE  # the gate's allow
+    assert [j.id for j in actions.claim_rewrites(None, 16)] == [drained.id]
+    assert GenerationJob.objects.get(id=unchecked.id).stage == JobStage.PROMPT
+
+
+def test_a_duplicated_or_stale_prompt_check_changes_nothing(alice, settings):
+    from jobs.pipeline.prompt_gate import gate_prompt
+
+    settings.IMAGEGEN_PROMPT_BATCH = 1
+    job = _job(alice)
+    assert gate_prompt(_as_sent(str(job.id))) == "allow"
+    moved = _snapshot(job.id)
+    assert moved["stage"] == JobStage.WAITING_GPU and moved["verdicts"] == 1
+    assert gate_prompt(_as_sent(str(job.id))) == "skipped"  # the duplicate
+    assert _snapshot(job.id) == moved
+    assert actions.admit(job.id) is None  # a stale allow from `prompt`
+    assert actions.block_job(job.id, "prompt", "late", from_stages=[JobStage.PROMPT]) is False
+    assert actions.hold_for_review(job.id, "prompt", "late") is False
+    assert _snapshot(job.id) == moved
+
+
+def test_a_duplicated_or_stale_rewrite_changes_nothing(alice):
+    job = _job(alice, JobStage.REWRITE, rewrite=True)
+    [claimed] = actions.claim_rewrites(str(job.id), 16)
+    assert actions.claim_rewrites(str(job.id), 16) == []  # a duplicate token: the lease is held
+    assert actions.save_rewrite(claimed.id, "a red circle, centred", "rw@1", changed=True)
+    saved = _snapshot(job.id)
+    assert saved["stage"] == JobStage.REWRITE_CHECK and saved["rewrite_attempts"] == 1
+    assert not actions.save_rewrite(claimed.id, "something else", "rw@1", changed=False)  # a stale run
+    assert actions.claim_rewrites(str(job.id), 16) == []
+    assert not actions.fail_rewrite(job.id, "late")
+    assert _snapshot(job.id) == saved
+
+
+def test_an_unchanged_rewrite_goes_straight_to_the_scheduler(alice):
+    job = _job(alice, JobStage.REWRITE, rewrite=True)
+    actions.claim_rewrites(None, 16)
+    assert actions.save_rewrite(job.id, job.prompt, "rw@1", changed=False)
+    job.refresh_from_db()
+    assert job.stage == JobStage.WAITING_GPU and job.scheduled_at is not None and job.drawn_prompt == job.prompt
+
+
+def test_a_duplicated_or_stale_claim_and_hand_off_change_nothing(alice):
+    job = _job(alice, JobStage.WAITING_GPU, scheduled_at=timezone.now())
+    batch = Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0,
+                                 size=1, cap=1)
+    [claimed] = actions.claim_batch(_as_sent([str(job.id)]), batch.id)
+    assert claimed.stage == JobStage.GENERATE and claimed.status == JobStatus.RUNNING
+    again = Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0,
+                                 size=1, cap=1)
+    assert actions.claim_batch([str(job.id)], again.id) == []  # a duplicated scheduler entry
+    held, dropped = actions.hand_off(batch.id, {str(job.id): claimed.attempts}, [])
+    assert held == {str(job.id)} and dropped == []
+    after = _snapshot(job.id)
+    assert after["stage"] == JobStage.CLASSIFY and after["status"] == JobStatus.RUNNING
+    assert actions.hand_off(batch.id, {str(job.id): claimed.attempts}, []) == (set(), [])  # a redelivery
+    assert not actions.fail_running(claimed, "a stale attempt")  # the job left `generate`
+    assert _snapshot(job.id) == after
+
+
+def test_the_batch_stages_move_the_jobs_once_and_a_stale_run_moves_nothing(alice):
+    batch = Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0,
+                                 size=1, cap=1, stage=BatchStage.CLASSIFY)
+    job = _job(alice, JobStage.CLASSIFY, batch=batch, attempts=1)
+    run = actions.start_stage(batch.id, BatchStage.CLASSIFY)
+    assert actions.start_stage(batch.id, BatchStage.CLASSIFY) is None  # a duplicate finds it held
+    assert not actions.record_verdicts(batch.id, "another-run", [])
+    assert actions.record_verdicts(batch.id, run, [])
+    assert GenerationJob.objects.get(id=job.id).stage == JobStage.PUBLISH
+    assert not actions.record_verdicts(batch.id, run, [])  # the stage moved on
+    publish = actions.start_stage(batch.id, BatchStage.PUBLISH)
+    outcome = actions.Outcome(str(job.id), 1, JobStatus.DONE, "", "")
+    assert actions.finish_batch(batch.id, "stale", [outcome]) is None
+    finished, gone = actions.finish_batch(batch.id, publish, [outcome])
+    assert finished == [str(job.id)] and gone == set()
+    done = _snapshot(job.id)
+    assert done["stage"] == JobStage.DONE and done["status"] == JobStatus.DONE
+    assert actions.finish_batch(batch.id, publish, [outcome]) is None
+    assert not actions.cancel_job(GenerationJob.objects.get(id=job.id))
+    assert _snapshot(job.id) == done
+
+
+def test_a_moderators_approval_moves_a_held_prompt_on_once(alice):
+    moderator = make_user("stage-moderator")
+    rewriting = _job(alice, JobStage.REVIEW, rewrite=True, blocked_stage="prompt", reason="held")
+    rewritten = _job(alice, JobStage.REVIEW, rewrite=True, rewritten_at=timezone.now(), revised_prompt="a red disc",
+                     blocked_stage="rewrite", reason="held")
+    assert actions.approve(rewriting, moderator) == "approved"
+    assert actions.approve(rewritten, moderator) == "approved"
+    assert GenerationJob.objects.get(id=rewriting.id).stage == JobStage.REWRITE  # its prompt allowed: the rewriter next
+    assert GenerationJob.objects.get(id=rewritten.id).stage == JobStage.WAITING_GPU
+    with pytest.raises(actions.ReviewError):
+        actions.approve(rewriting, moderator)  # a second moderator, or a double click
+    assert SafetyVerdict.objects.filter(job=rewriting, stage="human").count() == 1
+
+
+def test_the_reaper_re_sends_a_lost_rewrite_token_and_a_lost_check_by_stage(alice):
+    old = timezone.now() - timedelta(hours=3)
+    waiting_rewrite = _job(alice, JobStage.REWRITE, rewrite=True)
+    held_lease = _job(alice, JobStage.REWRITE, rewrite=True, rewrite_lease_expires_at=timezone.now() + timedelta(minutes=5))
+    unchecked = _job(alice)
+    second_check = _job(alice, JobStage.REWRITE_CHECK, rewrite=True, rewritten_at=timezone.now())
+    scheduled = _job(alice, JobStage.WAITING_GPU, scheduled_at=timezone.now())
+    GenerationJob.objects.filter(owner=alice).update(created_at=old)
+    restored, recheck, rewake = actions.rebuild_scheduler_state(min_age_seconds=3600 * 2)
+    assert restored == 0  # admitted too recently for the bound given
+    assert set(recheck) == {str(unchecked.id), str(second_check.id)}
+    assert rewake == [str(waiting_rewrite.id)]
+    assert str(held_lease.id) not in rewake and str(scheduled.id) not in recheck
+    assert actions.rebuild_scheduler_state(min_age_seconds=3600 * 2)[1:] == ([], [])  # once per resend interval
+
+
+def test_a_job_made_with_an_unknown_stage_id_is_not_moved(alice):
+    assert actions.admit(uuid.uuid4()) is None
+    assert not actions.block_job(uuid.uuid4(), "prompt", "nothing")
