@@ -6,8 +6,8 @@ from jobs.models import ApiToken, Batch, GeneratedImage, GenerationJob, WebhookD
 
 @admin.register(GenerationJob)
 class GenerationJobAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "owner", "status", "blocked_stage", "width", "height", "steps", "count", "attempts", "batch")
-    list_filter = ("status", "blocked_stage", "degraded", "model_version")
+    list_display = ("created_at", "owner", "status", "stage", "blocked_stage", "width", "height", "steps", "count", "attempts", "batch")
+    list_filter = ("status", "stage", "blocked_stage", "degraded", "model_version")
     search_fields = ("id", "prompt", "owner__username")
     readonly_fields = [f.name for f in GenerationJob._meta.fields]
 
