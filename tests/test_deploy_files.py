@@ -381,10 +381,14 @@ def test_the_committed_deploy_files_are_the_ones_the_stage_table_generates():
     call_command("deploy_files", "--check")
 
 
-def test_a_stage_declared_here_is_routed_and_reaches_the_generated_deploy_files(monkeypatch, settings):
-    """Issue 43, item 6, in part: a stage added as one row (here, in the test) is routed to its
-    queue, its task is named and configured from the row, and the generated worker lines consume
-    its queue, with no other file edited; the committed files then differ (--check fails)."""
+@pytest.mark.django_db
+def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recovered_by_the_reaper(monkeypatch, settings):
+    """Issue 43, item 6: a stage added as one row (here, in the test) is routed to its queue, its
+    task is named and configured from the row, the generated worker lines consume its queue (the
+    committed files then differ: --check fails), and the reaper recovers it like the shipped
+    batch stages: a batch whose message was lost is sent again (no attempt), one whose worker was
+    killed mid-run (its lease run out) is run again (an attempt), each to the row's queue. No
+    other file is edited."""
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
@@ -409,3 +413,28 @@ def test_a_stage_declared_here_is_routed_and_reaches_the_generated_deploy_files(
     assert "-Q io,watermark " in io_line
     with pytest.raises(CommandError):
         call_command("deploy_files", "--check")
+
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs.models import Batch
+    from jobs.pipeline import stages, tasks
+
+    long_ago = timezone.now() - timedelta(days=1)
+    shape = {"model_version": "tiny-random", "width": 64, "height": 64, "steps": 2, "guidance_scale": 5.0,
+             "size": 1, "cap": 1, "lane": "shapes", "stage": "watermark"}
+    lost_message = Batch.objects.create(**shape, stage_sent_at=long_ago)
+    killed_worker = Batch.objects.create(**shape, stage_sent_at=long_ago, stage_started_at=long_ago,
+                                         stage_run="the-killed-run", lease_expires_at=long_ago)
+    sent: list[tuple] = []
+    monkeypatch.setattr(stages, "send", lambda stage, *args, **kw: sent.append((stage, *args)))
+    tasks.reap()
+    assert sorted(sent) == sorted([("watermark", "shapes", str(lost_message.id)),
+                                   ("watermark", "shapes", str(killed_worker.id))])
+    assert all(stage_table.route(stage_table.STAGES[s[0]].task, list(s[1:]), {}, {}) == {"queue": "watermark"}
+               for s in sent)
+    lost_message.refresh_from_db()
+    killed_worker.refresh_from_db()
+    assert lost_message.stage_attempts == 0 and lost_message.stage_sent_at > long_ago  # re-sent, not an attempt
+    assert killed_worker.stage_attempts == 1 and killed_worker.stage_run == ""  # re-run: the lost run counts

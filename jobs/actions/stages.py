@@ -30,7 +30,11 @@ from jobs.models import RUNNING_STAGES, Batch, BatchStage, GenerationJob, JobSta
 log = logging.getLogger(__name__)
 
 STAGE_SECONDS_KEY = f"{PREFIX}stage-seconds"  # hash: stage -> measured seconds a run takes (EWMA)
-_BATCH_STAGES = tuple(name for name, stage in STAGES.items() if stage.leased)  # the table's batch stages with a lease
+
+
+def _batch_stages() -> tuple[str, ...]:
+    """The table's batch stages with a lease (read when asked: a row added is recovered too)."""
+    return tuple(name for name, stage in STAGES.items() if stage.leased)
 
 
 def _lease(now: datetime | None = None) -> datetime:
@@ -131,7 +135,7 @@ def queue_ages(now: datetime | None = None) -> dict[str, float]:
     """Per batch stage: how long its oldest unstarted batch has waited in the queue (seconds)."""
     now = now or timezone.now()
     ages = {}
-    for stage in _BATCH_STAGES:
+    for stage in _batch_stages():
         oldest = (Batch.objects.filter(stage=stage, stage_started_at=None).order_by("stage_sent_at")
                   .values_list("stage_sent_at", flat=True).first())
         ages[str(stage)] = max(0.0, (now - oldest).total_seconds()) if oldest else 0.0
@@ -146,7 +150,7 @@ def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
     now = now or timezone.now()
     again: list[tuple[str, str, str]] = []
     failed = 0
-    lost = Batch.objects.filter(stage__in=_BATCH_STAGES, stage_started_at__isnull=False, lease_expires_at__lt=now)
+    lost = Batch.objects.filter(stage__in=_batch_stages(), stage_started_at__isnull=False, lease_expires_at__lt=now)
     for batch in lost:
         attempts = batch.stage_attempts + 1
         if attempts >= settings.IMAGEGEN_MAX_ATTEMPTS:
@@ -165,7 +169,7 @@ def requeue_stuck_batches(now=None) -> tuple[list[tuple[str, str, str]], int]:
             metrics.inc("imagegen_stage_reruns_total", stage=batch.stage)
             again.append((batch.stage, batch.lane, str(batch.id)))
     measured = stage_seconds()
-    for stage in _BATCH_STAGES:
+    for stage in _batch_stages():
         waiting = Batch.objects.filter(stage=stage, stage_started_at=None).filter(
             Q(stage_sent_at__lt=now) | Q(stage_sent_at=None)).order_by("stage_sent_at")
         for ahead, batch in enumerate(waiting.only("id", "lane", "stage", "stage_sent_at")):
