@@ -86,7 +86,7 @@ def run_layout(layout: str, jobs: int, classify_seconds: float, webhook_seconds:
             stack.start_worker("cpu", queues, beat=True)
             stack.start_worker("cpu2", queues)
         else:
-            for name, cmd in process_commands(stack.env, "0", stack.var, settings.QUEUE_GPU):
+            for name, cmd in process_commands(stack.env, "0", stack.var):
                 if name.startswith("worker-") and name != "worker-gpu":
                     queue = cmd[cmd.index("-Q") + 1]
                     stack.start_worker(name, queue, beat=name == "worker-cpu")

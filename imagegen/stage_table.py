@@ -113,6 +113,21 @@ def queues_of(process: str, lane: str = "{lane}") -> list[str]:
     return list(dict.fromkeys(queues))
 
 
+def process_queues(lanes: list[str]) -> dict[str, dict[str, Any]]:
+    """Every process type with the queues it consumes (a lane's queue filled for each lane
+    given, before the rest) and its pool: the process list `make run` starts (scripts/run.py,
+    through `manage.py deploy_files --queues`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, process in PROCESSES.items():
+        rows = [stage for stage in STAGES.values() if stage.process == name]
+        queues = [stage.queue.format(lane=lane) for stage in rows if stage.by_lane for lane in lanes]
+        queues += [stage.queue for stage in rows if not stage.by_lane]
+        queues += [getattr(settings, s) for s in process.upkeep_queues]
+        if queues:
+            out[name] = {"queues": list(dict.fromkeys(queues)), "pool": process.pool}
+    return out
+
+
 def queue_of(task: str) -> str | None:
     for stage in STAGES.values():
         if stage.task == task:

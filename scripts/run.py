@@ -54,24 +54,44 @@ def web_command(env: dict, port: str, host: str = "127.0.0.1") -> list[str]:
             "--lifespan", "off", "--no-access-log", "--timeout-graceful-shutdown", "10"]
 
 
-def process_commands(env: dict, port: str, var: Path, gpu_queues: str | None = None) -> list[tuple[str, list[str]]]:
-    """The processes of the embedded default, one per pool, so that no queue's work waits
-    behind another's: prompt checks and the reaper (cpu), the classify stage, publishing and
-    upkeep (io), webhook deliveries (a thread pool: they wait on other people's servers), and
-    one GPU worker serving every served model's lane (the teacher and the distilled student by
-    default: on a small machine one process holding both beats two competing for cores)."""
-    queue = {name: env.get(f"IMAGEGEN_QUEUE_{name.upper()}", name) for name in ("cpu", "io", "classify", "webhooks")}
-    gpu = gpu_queues or env.get("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.") + env.get("IMAGEGEN_MODEL_NAME", "shapes")
+# How the embedded default runs each process type of the stage table on one small machine
+# (imagegen/stage_table.py PROCESSES says how a deployment runs them): fewer threads, and the
+# beat (the reaper's schedule) in the cpu worker.
+EMBEDDED_CONCURRENCY = {"cpu": 2, "io": 4, "webhooks": 8}
+
+
+def table_queues() -> dict:
+    """The stage table's process list, read in this process (Django configured: tests, benches)."""
+    from imagegen.stage_table import process_queues
+    from scheduling import catalogue
+    from scheduling.lanes import lane_of
+
+    return process_queues(list(dict.fromkeys(lane_of(m.version) for m in catalogue.served().values())))
+
+
+def process_commands(env: dict, port: str, var: Path, processes: dict | None = None) -> list[tuple[str, list[str]]]:
+    """The web tier, and a worker for each process type of the stage table (`processes`: what
+    `manage.py deploy_files --queues` prints; each type's queues, every served lane's for the
+    GPU worker, and its pool), so that no queue's work waits behind another's: prompt checks
+    and the reaper (cpu), the classify stage, publishing and upkeep (io), webhook deliveries (a
+    thread pool: they wait on other people's servers), and one GPU worker serving every served
+    model's lane and the prompt rewriter (on a small machine one process holding every model
+    beats several competing for cores). A stage or process type added to the table is started
+    here with no edit."""
+    processes = processes if processes is not None else table_queues()
     celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
-    return [
-        ("web", web_command(env, port)),
-        ("worker-cpu", celery + ["-Q", queue["cpu"], "-c", "2", "-n", "cpu@%h", "-B", "--schedule", str(var / "beat-schedule")]),
-        ("worker-classify", celery + ["-Q", queue["classify"], "--pool=solo", "-n", "classify@%h"]),
-        ("worker-io", celery + ["-Q", queue["io"], "--pool=threads", "-c", "4", "-n", "io@%h"]),
-        ("worker-webhooks", celery + ["-Q", queue["webhooks"], "--pool=threads", "-c", "8", "-n", "webhooks@%h"]),
-        # The GPU worker serves the prompt rewriter too (its queue; a few ms a batch).
-        ("worker-gpu", celery + ["-Q", f"{gpu},{env.get('IMAGEGEN_QUEUE_REWRITE', 'rewrite')}", "--pool=solo", "-n", "gpu0@%h"]),
-    ]
+    commands = [("web", web_command(env, port))]
+    for name, process in processes.items():
+        args = celery + ["-Q", ",".join(process["queues"])]
+        if process["pool"] != "prefork":
+            args.append(f"--pool={process['pool']}")
+        if name in EMBEDDED_CONCURRENCY:
+            args += ["-c", str(EMBEDDED_CONCURRENCY[name])]
+        args += ["-n", f"{name}0@%h" if name == "gpu" else f"{name}@%h"]
+        if name == "cpu":
+            args += ["-B", "--schedule", str(var / "beat-schedule")]
+        commands.append((f"worker-{name}", args))
+    return commands
 
 
 def log(msg: str) -> None:
@@ -247,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         token = manage("issue_token", "demo", "--password", "demo", "--rotate", env=env).strip().splitlines()[-1]
         manage("issue_token", "moderator", "--password", "moderator", "--moderator", "--rotate", env=env)
 
-        gpu_queue = manage("served_models", "--queues", env=env).strip().splitlines()[-1]
-        children = [Child(name, cmd, env) for name, cmd in process_commands(env, port, var, gpu_queue)]
+        processes = json.loads(manage("deploy_files", "--queues", env=env).strip().splitlines()[-1])
+        children = [Child(name, cmd, env) for name, cmd in process_commands(env, port, var, processes)]
         for child in children:
             child.log_path, child.verbose = log_dir / f"{child.name}.log", args.verbose
             child.start()

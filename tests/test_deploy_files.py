@@ -385,7 +385,7 @@ def test_the_committed_deploy_files_are_the_ones_the_stage_table_generates():
 def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recovered_by_the_reaper(monkeypatch, settings):
     """Issue 43, item 6: a stage added as one row (here, in the test) is routed to its queue, its
     task is named and configured from the row, the generated worker lines consume its queue (the
-    committed files then differ: --check fails), and the reaper recovers it like the shipped
+    committed files then differ: --check fails) and `make run`'s process list, and the reaper recovers it like the shipped
     batch stages: a batch whose message was lost is sent again (no attempt), one whose worker was
     killed mid-run (its lease run out) is run again (an attempt), each to the row's queue. No
     other file is edited."""
@@ -413,6 +413,11 @@ def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recover
     assert "-Q io,watermark " in io_line
     with pytest.raises(CommandError):
         call_command("deploy_files", "--check")
+    sys.path.insert(0, str(ROOT))
+    from scripts import run
+
+    make_run = dict(run.process_commands({}, "8000", Path("/tmp/x")))["worker-io"]  # `make run`'s io worker
+    assert make_run[make_run.index("-Q") + 1].split(",") == ["io", "watermark"]
 
     from datetime import timedelta
 

@@ -13,13 +13,14 @@ Generated with the default queue names (IMAGEGEN_QUEUE_*), as the deploy files u
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from imagegen.stage_table import PROCESSES, Process, queues_of
+from imagegen.stage_table import PROCESSES, Process, process_queues, queues_of
 
 DEPLOY = Path(settings.BASE_DIR) / "deploy"
 
@@ -102,8 +103,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--check", action="store_true", help="exit 1 when a committed file differs")
+        parser.add_argument("--queues", action="store_true",
+                            help="print each process type's queues (every served lane's) and pool as JSON, for `make run`")
 
-    def handle(self, *args, check: bool = False, **options):
+    def handle(self, *args, check: bool = False, queues: bool = False, **options):
+        if queues:
+            from scheduling import catalogue
+            from scheduling.lanes import lane_of
+
+            lanes = list(dict.fromkeys(lane_of(m.version) for m in catalogue.served().values()))
+            self.stdout.write(json.dumps(process_queues(lanes)))
+            return
         differ = []
         for path, text in generated().items():
             current = path.read_text() if path.exists() else ""
