@@ -45,7 +45,7 @@ from imagegen import metrics
 from jobs import actions
 from jobs.media import credentials, encoding
 from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
-from jobs.models import Batch, GeneratedImage, GenerationJob
+from jobs.models import Batch, GeneratedImage, GenerationJob, JobStage
 from jobs.pipeline import stages
 from jobs.realtime import events
 from safety import image_gate
@@ -99,7 +99,14 @@ def _claim_taken(lane: str, taken: scheduler.Taken) -> Claimed | None:
 
     def claim(entries) -> None:
         fresh = [e for e in entries if e.job_id not in jobs]
-        for job in actions.claim_batch([e.job_id for e in fresh], batch.id):
+        try:
+            claimed = actions.claim_batch([e.job_id for e in fresh], batch.id)
+        except Exception:
+            # The take removed these entries from the buckets: put back those whose jobs still
+            # wait for a GPU, so they do not wait for the reaper's rebuild (the claim rolled back).
+            _put_back([e.job_id for e in fresh])
+            raise
+        for job in claimed:
             jobs[str(job.id)] = job
             counts[str(job.id)] = next(e.count for e in fresh if e.job_id == str(job.id))
 
@@ -119,6 +126,15 @@ def _claim_taken(lane: str, taken: scheduler.Taken) -> Claimed | None:
     metrics.inc("imagegen_attempts_total", len(jobs))
     actions.size_batch(batch, sum(counts.values()))
     return Claimed(batch, list(jobs.values()), counts)
+
+
+def _put_back(job_ids: list[str]) -> None:
+    """Best effort: a failed claim's taken jobs that still wait for a GPU, back in their buckets."""
+    try:
+        for job in GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.WAITING_GPU):
+            actions.enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
+    except Exception:
+        log.warning("a failed claim's jobs could not be put back; the reaper's rebuild will", exc_info=True)
 
 
 @dataclass

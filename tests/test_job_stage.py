@@ -40,8 +40,9 @@ def alice(db):
 
 
 def _job(owner, stage=JobStage.PROMPT, **fields) -> GenerationJob:
+    fields = {"model_version": "tiny-random", **fields}
     return GenerationJob.objects.create(owner=owner, prompt="a red circle", width=64, height=64, steps=2,
-                                        guidance_scale=5.0, seed=1, model_version="tiny-random", stage=stage, **fields)
+                                        guidance_scale=5.0, seed=1, stage=stage, **fields)
 
 
 def _as_sent(value):
@@ -195,3 +196,30 @@ def test_the_reaper_re_sends_a_lost_rewrite_token_and_a_lost_check_by_stage(alic
 def test_a_job_made_with_an_unknown_stage_id_is_not_moved(alice):
     assert actions.admit(uuid.uuid4()) is None
     assert not actions.block_job(uuid.uuid4(), "prompt", "nothing")
+
+
+def test_a_claim_that_fails_puts_the_jobs_it_took_back_in_their_buckets(alice, monkeypatch, settings):
+    """The take removes entries from the buckets before the claim commits: a claim that raises
+    (here as when a batch row vanished under it) puts back the jobs still waiting for a GPU, so
+    they do not wait for the reaper's rebuild (the suite's shared workers run no reaper: a test's
+    job stayed queued when the previous test's flush failed the GPU worker's claim)."""
+    from gpu_tasks import generate
+    from jobs.actions import lifecycle
+    from scheduling import lanes, scheduler
+
+    lane = f"stage-putback-{uuid.uuid4().hex[:8]}"
+    job = _job(alice, JobStage.WAITING_GPU, scheduled_at=timezone.now(), model_version=lane)
+    monkeypatch.setattr(lifecycle.lanes, "lane_of", lambda version: lane)
+    monkeypatch.setattr(lanes, "wake", lambda lane: None)
+    lifecycle.enqueue(job, job.scheduled_at.timestamp())
+    flow = {"owner": str(job.owner_id), "tier": scheduler.tier_of(job.priority)}
+    assert scheduler.is_enqueued(lifecycle.shape_of(job), str(job.id), 1, **flow)
+
+    def vanished(job_ids, batch_id):
+        raise IntegrityError("FOREIGN KEY constraint failed")
+
+    monkeypatch.setattr(generate.actions, "claim_batch", vanished)
+    with pytest.raises(IntegrityError):
+        generate.take_and_claim(lane)
+    assert scheduler.is_enqueued(lifecycle.shape_of(job), str(job.id), 1, **flow), "the taken job was lost"
+    assert GenerationJob.objects.get(id=job.id).stage == JobStage.WAITING_GPU
