@@ -132,7 +132,7 @@ def _put_back(job_ids: list[str]) -> None:
     """Best effort: a failed claim's taken jobs that still wait for a GPU, back in their buckets."""
     try:
         for job in GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.WAITING_GPU):
-            actions.enqueue(job, job.scheduled_at.timestamp() if job.scheduled_at else time.time())
+            actions.enqueue(job, job.scheduled_at.timestamp())
     except Exception:
         log.warning("a failed claim's jobs could not be put back; the reaper's rebuild will", exc_info=True)
 

@@ -67,12 +67,10 @@ def current_figures() -> dict:
 def fleet_figures() -> dict:
     """Every worker's liveness and each routed queue's live consumers (scheduling/liveness.py):
     a host that stopped consuming a queue shows within one heartbeat TTL."""
-    from imagegen.stage_table import routed_queues
-    from scheduling import catalogue, liveness
-    from scheduling.lanes import lane_of
+    from imagegen.metrics_view import expected_queues
+    from scheduling import liveness
 
-    lanes = {lane_of(version) for version in catalogue.served()}
-    expected = {q.format(lane=lane) for q in routed_queues() for lane in (lanes if "{lane}" in q else [""])}
+    expected = expected_queues()
     nodes = liveness.nodes()
     return {
         "nodes": [{"name": name, **info, "age": round(info["age"], 1)} for name, info in sorted(nodes.items())],

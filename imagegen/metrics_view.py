@@ -154,10 +154,9 @@ HELP = metrics.HELP
 def expected_queues() -> set[str]:
     """Every queue of the routing table, a lane's template for each served lane."""
     from imagegen.stage_table import routed_queues
-    from scheduling import catalogue
-    from scheduling.lanes import lane_of
+    from scheduling.lanes import served_lanes
 
-    lanes = {lane_of(version) for version in catalogue.served()}
+    lanes = served_lanes()
     return {q.format(lane=lane) for q in routed_queues() for lane in (lanes if "{lane}" in q else [""])}
 
 

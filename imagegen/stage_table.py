@@ -105,27 +105,21 @@ PROCESSES: dict[str, Process] = {
 }
 
 
-def queues_of(process: str, lane: str = "{lane}") -> list[str]:
-    """The queues a process type consumes, its lane's first (`lane` fills a lane's queue)."""
-    rows = sorted((stage for stage in STAGES.values() if stage.process == process), key=lambda stage: not stage.by_lane)
-    queues = [stage.queue.format(lane=lane) for stage in rows]
+def queues_of(process: str, lanes: list[str] | tuple[str, ...] = ("{lane}",)) -> list[str]:
+    """The queues a process type consumes: each lane's queue first (`lanes` fill a lane's
+    queue; the template by default), then the rest."""
+    rows = [stage for stage in STAGES.values() if stage.process == process]
+    queues = [stage.queue.format(lane=lane) for stage in rows if stage.by_lane for lane in lanes]
+    queues += [stage.queue for stage in rows if not stage.by_lane]
     queues += [getattr(settings, s) for s in PROCESSES[process].upkeep_queues]
     return list(dict.fromkeys(queues))
 
 
 def process_queues(lanes: list[str]) -> dict[str, dict[str, Any]]:
-    """Every process type with the queues it consumes (a lane's queue filled for each lane
-    given, before the rest) and its pool: the process list `make run` starts (scripts/run.py,
-    through `manage.py deploy_files --queues`)."""
-    out: dict[str, dict[str, Any]] = {}
-    for name, process in PROCESSES.items():
-        rows = [stage for stage in STAGES.values() if stage.process == name]
-        queues = [stage.queue.format(lane=lane) for stage in rows if stage.by_lane for lane in lanes]
-        queues += [stage.queue for stage in rows if not stage.by_lane]
-        queues += [getattr(settings, s) for s in process.upkeep_queues]
-        if queues:
-            out[name] = {"queues": list(dict.fromkeys(queues)), "pool": process.pool}
-    return out
+    """Every process type that consumes a queue, with its queues (`lanes` filled) and its pool:
+    the process list `make run` starts (scripts/run.py, through `manage.py deploy_files --queues`)."""
+    out = {name: {"queues": queues_of(name, lanes), "pool": process.pool} for name, process in PROCESSES.items()}
+    return {name: row for name, row in out.items() if row["queues"]}
 
 
 def queue_of(task: str) -> str | None:

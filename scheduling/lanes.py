@@ -22,6 +22,13 @@ def lane_of(model_version: str) -> str:
     return f"{settings.IMAGEGEN_MODEL_NAME}@{model_version}"
 
 
+def served_lanes() -> list[str]:
+    """The lanes of the served model versions, each once, in the catalogue's order."""
+    from scheduling import catalogue
+
+    return list(dict.fromkeys(lane_of(version) for version in catalogue.served()))
+
+
 def lane_of_shape(shape: str) -> str:
     """The lane whose queue holds a shape (a shape key starts with its model version)."""
     return lane_of(shape.split("|", 1)[0])

@@ -60,15 +60,6 @@ def web_command(env: dict, port: str, host: str = "127.0.0.1") -> list[str]:
 EMBEDDED_CONCURRENCY = {"cpu": 2, "io": 4, "webhooks": 8}
 
 
-def table_queues() -> dict:
-    """The stage table's process list, read in this process (Django configured: tests, benches)."""
-    from imagegen.stage_table import process_queues
-    from scheduling import catalogue
-    from scheduling.lanes import lane_of
-
-    return process_queues(list(dict.fromkeys(lane_of(m.version) for m in catalogue.served().values())))
-
-
 def process_commands(env: dict, port: str, var: Path, processes: dict | None = None) -> list[tuple[str, list[str]]]:
     """The web tier, and a worker for each process type of the stage table (`processes`: what
     `manage.py deploy_files --queues` prints; each type's queues, every served lane's for the
@@ -78,7 +69,11 @@ def process_commands(env: dict, port: str, var: Path, processes: dict | None = N
     model's lane and the prompt rewriter (on a small machine one process holding every model
     beats several competing for cores). A stage or process type added to the table is started
     here with no edit."""
-    processes = processes if processes is not None else table_queues()
+    if processes is None:  # read in this process (Django configured: tests, benches)
+        from imagegen.stage_table import process_queues
+        from scheduling.lanes import served_lanes
+
+        processes = process_queues(served_lanes())
     celery = [PY, "-m", "celery", "-A", "imagegen", "worker", "--loglevel=INFO", "--without-gossip", "--without-mingle"]
     commands = [("web", web_command(env, port))]
     for name, process in processes.items():

@@ -193,9 +193,15 @@ def test_the_reaper_re_sends_a_lost_rewrite_token_and_a_lost_check_by_stage(alic
     assert actions.rebuild_scheduler_state(min_age_seconds=3600 * 2)[1:] == ([], [])  # once per resend interval
 
 
-def test_a_job_made_with_an_unknown_stage_id_is_not_moved(alice):
-    assert actions.admit(uuid.uuid4()) is None
-    assert not actions.block_job(uuid.uuid4(), "prompt", "nothing")
+def test_a_message_for_a_job_that_is_gone_moves_nothing_and_raises_nothing(alice):
+    """A stage's message may outlive its job (deleted by its owner, purged): the move finds no
+    row and says so."""
+    gone = _job(alice)
+    gone_id = _as_sent(str(gone.id))
+    gone.delete()
+    assert actions.admit(gone_id) is None
+    assert not actions.block_job(gone_id, "prompt", "nothing")
+    assert not actions.save_rewrite(gone_id, "a red disc", "rw@1", changed=False)
 
 
 def test_a_claim_that_fails_puts_the_jobs_it_took_back_in_their_buckets(alice, monkeypatch, settings):

@@ -17,7 +17,7 @@ from django.utils import timezone
 from imagegen import metrics
 from jobs.actions.notify import status_on_commit
 from jobs.actions.stages import enter_stage
-from jobs.models import RUNNING_STAGES, Batch, BatchStage, GeneratedImage, GenerationJob, JobStage, JobStatus, at
+from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStage, JobStatus, at
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def close_empty(batch_id) -> None:
 def live_images(batch: Batch) -> list[GeneratedImage]:
     """The quarantined images of the batch whose jobs are still in it (classify or publish)."""
     return list(
-        GeneratedImage.objects.filter(batch=batch, job__stage__in=RUNNING_STAGES[1:], job__batch=batch)
+        GeneratedImage.objects.filter(batch=batch, job__stage__in=(JobStage.CLASSIFY, JobStage.PUBLISH), job__batch=batch)
         .select_related("job").order_by("job_id", "index")
     )
 

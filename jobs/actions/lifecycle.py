@@ -170,14 +170,16 @@ def reveal_due(now=None, limit: int = 500) -> int:
     return sum(1 for job_id in list(due) if reveal_cached(job_id))
 
 
-def move(job_id, from_stages, to_stage: str, **fields) -> bool:
-    """One job from one of `from_stages` to `to_stage` (a compare-and-set: a duplicate or a stale
-    run, which no longer holds the stage, moves nothing). A move that changes the status sends
-    its events and its webhook outbox row, which commit with it."""
+def move(job_id, from_stages, to_stage: str, when: dict | None = None, **fields) -> bool:
+    """One job from one of `from_stages` (and `when`: the run's own hold, a lease or an attempt)
+    to `to_stage`, writing `fields` with it: a compare-and-set, so a duplicate or a stale run,
+    which no longer holds the stage, moves nothing. A move that changes the status sends its
+    events and its webhook outbox row, which commit with it."""
     from_stages = [from_stages] if isinstance(from_stages, str) else list(from_stages)
     to_status = status_of(to_stage)
     with transaction.atomic():
-        updated = GenerationJob.objects.filter(id=job_id, stage__in=from_stages).update(**at(to_stage), **fields)
+        updated = GenerationJob.objects.filter(id=job_id, stage__in=from_stages, **(when or {})).update(
+            **at(to_stage), **fields)
         if updated and any(status_of(stage) != to_status for stage in from_stages):
             status_on_commit(job_id)
             version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
@@ -294,10 +296,10 @@ def admit(job_id, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK), **field
     return JobStage.WAITING_GPU if schedule(job_id, stage, **fields) else None
 
 
-def schedule(job_id, from_stage: str, **fields) -> bool:
+def schedule(job_id, from_stage: str, when: dict | None = None, **fields) -> bool:
     """`from_stage` -> waiting_gpu: admitted to the scheduler, its bucket entry added on commit."""
     now = timezone.now()
-    if not move(job_id, from_stage, JobStage.WAITING_GPU, scheduled_at=now, **fields):
+    if not move(job_id, from_stage, JobStage.WAITING_GPU, when, scheduled_at=now, **fields):
         return False
     job = GenerationJob.objects.get(id=job_id)
     transaction.on_commit(lambda: enqueue(job, now.timestamp()))
@@ -428,25 +430,26 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
     died between taking and claiming). Returns (how many were restored, the jobs whose prompt
     check was lost with the broker and is due again, the jobs waiting for a rewriter whose wake
     was lost or whose rewriter died: each at most once per IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS)."""
-    cutoff = timezone.now() - timedelta(seconds=min_age_seconds)
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=min_age_seconds)
     restored = 0
     reveal_due()  # delayed cross-user cache hits whose message was lost
     for job in GenerationJob.objects.filter(stage=JobStage.WAITING_GPU, scheduled_at__lt=cutoff):
-        if job.scheduled_at is not None and not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
+        if not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
     resend_after = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
-    stale_check = timezone.now() - timedelta(seconds=max(resend_after, min_age_seconds))
-    now = timezone.now()
+    stale_check = now - timedelta(seconds=max(resend_after, min_age_seconds))
     due = GenerationJob.objects.filter(created_at__lt=stale_check).filter(
         Q(stage__in=(JobStage.PROMPT, JobStage.REWRITE_CHECK))
         | Q(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now), stage=JobStage.REWRITE)
     ).values_list("id", "stage")
-    again: dict[str, list[str]] = {JobStage.PROMPT: [], JobStage.REWRITE: []}
+    recheck: list[str] = []
+    rewake: list[str] = []
     for job_id, stage in due:
         if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after))):
-            again[JobStage.REWRITE if stage == JobStage.REWRITE else JobStage.PROMPT].append(str(job_id))
-    return restored, again[JobStage.PROMPT], again[JobStage.REWRITE]
+            (rewake if stage == JobStage.REWRITE else recheck).append(str(job_id))
+    return restored, recheck, rewake
 
 
 def charge_claimed(jobs: list[GenerationJob], now: datetime) -> None:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from imagegen import metrics
 from jobs.actions.images import take_down
-from jobs.actions.lifecycle import admit
+from jobs.actions.lifecycle import admit, move
 from jobs.actions.notify import status_on_commit
 from jobs.media.storage import publish_object
 from jobs.models import GeneratedImage, GenerationJob, JobStage, JobStatus, at
@@ -99,23 +99,21 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
     reason = notes or "rejected by a moderator"
     with transaction.atomic():
         if appeal:
-            updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.BLOCKED, appeal_outcome="").update(
+            updated = bool(GenerationJob.objects.filter(id=job.id, stage=JobStage.BLOCKED, appeal_outcome="").update(
                 appeal_outcome="upheld", reason=f"{job.reason} (appeal upheld: {reason})"
-            )
+            ))
+            if updated:
+                status_on_commit(job.id)  # the same status, a new reason
         elif job.stage == JobStage.REVIEW:
-            updated = GenerationJob.objects.filter(id=job.id, stage=JobStage.REVIEW).update(
-                # The decision is the moderator's: the job says so, in the moderator's words
-                # (not as the check that held it).
-                **at(JobStage.BLOCKED), reason=reason, finished_at=timezone.now(), blocked_stage="human",
-            )
+            # The decision is the moderator's: the job says so, in the moderator's words (not as
+            # the check that held it).
+            updated = move(job.id, JobStage.REVIEW, JobStage.BLOCKED, reason=reason, finished_at=timezone.now(),
+                           blocked_stage="human")
         else:
             raise ReviewError(f"a {job.status} job is not waiting for review")
         if not updated:
             raise ReviewError("the case was decided meanwhile")
-        if not appeal:
-            metrics.count_jobs(JobStatus.BLOCKED, job.model_version)
         _verdict(job, "block", reviewer, notes, reason)
-        status_on_commit(job.id)
     return "upheld" if appeal else "rejected"
 
 
@@ -129,11 +127,8 @@ def reject_delivered(image: GeneratedImage, reviewer, notes: str = "") -> int:
         count = take_down(sharing)
         for other in sharing:
             _verdict(other.job, "block", reviewer, notes, "image rejected by a moderator after delivery", image=other)
-            if GenerationJob.objects.filter(id=other.job_id, stage=JobStage.DONE).update(
-                **at(JobStage.BLOCKED), blocked_stage="human", reason=notes or "an image was rejected by a moderator"
-            ):
-                status_on_commit(other.job_id)
-                metrics.count_jobs(JobStatus.BLOCKED, other.job.model_version)
+            move(other.job_id, JobStage.DONE, JobStage.BLOCKED, blocked_stage="human",
+                 reason=notes or "an image was rejected by a moderator")
     return count
 
 

@@ -63,15 +63,12 @@ def save_rewrite(job_id, revised: str, identity: str, changed: bool) -> bool:
     """Record what the rewriter wrote and move the job on (`rewrite_check` when the prompt
     changed, else `waiting_gpu`), if it still waits in the stage under this run's lease (cancelled,
     failed or saved meanwhile: False, and nothing changes)."""
+    held = {"rewrite_lease_expires_at__isnull": False}
     saved = {"revised_prompt": revised, "rewriter_version": identity, "rewritten_at": timezone.now(),
              "rewrite_lease_expires_at": None}
-    with transaction.atomic():
-        held = GenerationJob.objects.filter(id=job_id, stage=JobStage.REWRITE, rewrite_lease_expires_at__isnull=False)
-        if not held.exists():
-            return False
-        if changed:
-            return move(job_id, JobStage.REWRITE, JobStage.REWRITE_CHECK, **saved)
-        return schedule(job_id, JobStage.REWRITE, **saved)
+    if changed:
+        return move(job_id, JobStage.REWRITE, JobStage.REWRITE_CHECK, held, **saved)
+    return schedule(job_id, JobStage.REWRITE, held, **saved)
 
 
 def release_rewrites(job_ids: list) -> None:

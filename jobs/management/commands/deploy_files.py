@@ -51,7 +51,7 @@ ORDER = ("cpu", "classify", "io", "webhooks")  # then beat, then gpu (the file's
 
 def worker_args(process: Process, lane: str, device: str) -> list[str]:
     """`celery -A imagegen worker ...` for a process type, its variables written as given."""
-    args = ["celery", "-A", "imagegen", "worker", "-Q", ",".join(queues_of(process.name, lane=lane))]
+    args = ["celery", "-A", "imagegen", "worker", "-Q", ",".join(queues_of(process.name, [lane]))]
     if process.pool != "prefork":  # Celery's default pool is not written
         args.append(f"--pool={process.pool}")
     if process.concurrency:
@@ -108,11 +108,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, check: bool = False, queues: bool = False, **options):
         if queues:
-            from scheduling import catalogue
-            from scheduling.lanes import lane_of
+            from scheduling.lanes import served_lanes
 
-            lanes = list(dict.fromkeys(lane_of(m.version) for m in catalogue.served().values()))
-            self.stdout.write(json.dumps(process_queues(lanes)))
+            self.stdout.write(json.dumps(process_queues(served_lanes())))
             return
         differ = []
         for path, text in generated().items():
