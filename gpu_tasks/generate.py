@@ -254,11 +254,9 @@ class Runner:
                 and step < total
                 and now - last_preview >= settings.IMAGEGEN_PREVIEW_MIN_INTERVAL
             ):
-                wanted = [j for j in live if self._previews.wants(j)]
-                if wanted:
-                    last_preview = now
-                    pictures = model.preview_images(latents, [first_row[j] for j in wanted], batch.width, batch.height)
-                    self._previews.offer(step, list(zip(wanted, pictures, strict=True)), created)
+                last_preview = now
+                pictures = model.preview_images(latents, [first_row[j] for j in live], batch.width, batch.height)
+                self._previews.offer(step, list(zip(live, pictures, strict=True)), created)
             return False
 
         actions.pass_started(batch.id)

@@ -2,10 +2,13 @@
 sees it.
 
 The denoising thread only makes the small pictures and offers them; a gate thread judges each
-round in one batched call and sends the allowed ones. A job whose preview is judged block or
-review gets no more previews; when the gate fails, that round sends nothing. Previews are best
-effort: a round offered while the gate is still busy with the previous one is dropped, so the
-GPU never waits for the gate.
+round in one batched call and sends the allowed ones. Each round is judged afresh: a preview judged
+block or review is not sent, and the job's next round is judged on its own (an early, blurry
+preview the gate cannot tell from a star withheld every later one: the default model's previews of
+the README's own example never arrived). When the gate fails, that round sends nothing. The pass's
+end ends its previews, so a job whose final images are held or blocked shows none after them.
+Previews are best effort: a round offered while the gate is still busy with the previous one is
+dropped, so the GPU never waits for the gate.
 """
 
 from __future__ import annotations
@@ -29,14 +32,9 @@ class PreviewGate:
     def __init__(self) -> None:
         self._rounds: queue.Queue = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
-        self._withheld: set[str] = set()  # jobs whose preview the gate did not allow
         self._sent: set[str] = set()  # jobs that have had a preview (for time-to-first-preview)
         self._thread = threading.Thread(target=self._loop, name="preview-gate", daemon=True)
         self._thread.start()
-
-    def wants(self, job_id: str) -> bool:
-        with self._lock:
-            return job_id not in self._withheld
 
     def offer(self, step: int, pictures: list[tuple[str, Image.Image]], created: dict[str, float]) -> bool:
         """Hand a round of previews to the gate; False when the gate is busy (the round is dropped)."""
@@ -49,7 +47,6 @@ class PreviewGate:
     def forget(self, job_ids) -> None:
         """The jobs' pass is over: no more previews will be offered for them."""
         with self._lock:
-            self._withheld.difference_update(job_ids)
             self._sent.difference_update(job_ids)
 
     def drain(self, timeout: float = 5.0) -> None:
@@ -69,9 +66,6 @@ class PreviewGate:
                 self._rounds.task_done()
 
     def _judge_and_send(self, step: int, pictures: list[tuple[str, Image.Image]], created: dict[str, float]) -> None:
-        pictures = [(job_id, picture) for job_id, picture in pictures if self.wants(job_id)]
-        if not pictures:
-            return
         try:
             judgements = image_gate.judge([picture for _, picture in pictures])
         except image_gate.ImageGateError as exc:
@@ -79,8 +73,7 @@ class PreviewGate:
             return
         for (job_id, picture), judgement in zip(pictures, judgements, strict=True):
             if judgement.decision != "allow":
-                with self._lock:
-                    self._withheld.add(job_id)
+                metrics.inc("imagegen_previews_withheld_total", decision=judgement.decision)
                 continue
             events.publish(job_id, {"type": "preview", "step": step, "image": encoding.jpeg_data_url(picture)})
             with self._lock:

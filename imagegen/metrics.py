@@ -47,6 +47,7 @@ HELP = {
     "imagegen_degraded_total": "Jobs accepted with fewer steps",
     "imagegen_queue_wait_seconds": "Admission to the scheduler until a GPU worker took the job",
     "imagegen_time_to_first_preview_seconds": "Submit until the first preview was published",
+    "imagegen_previews_withheld_total": "Preview pictures the image gate did not allow (not sent; the job's next round is judged afresh), by decision",
     "imagegen_submit_to_done_seconds": "Submit until the job was done",
     "imagegen_batch_size": "Images per pipeline pass",
     "imagegen_batch_fill": "Batch size over the shape's cap",

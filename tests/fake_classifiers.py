@@ -7,6 +7,7 @@ import json
 import time
 
 MODE_KEY = "test:classifier-mode"
+CALLS_KEY = "test:classifier-calls"  # batches scored since the mode was set (for first:N:...)
 PURGED_KEY = "test:cdn-purged"
 
 
@@ -17,6 +18,7 @@ def _redis():
 
 
 def set_mode(mode: str | None) -> None:
+    _redis().delete(CALLS_KEY)
     if mode is None:
         _redis().delete(MODE_KEY)
     else:
@@ -29,7 +31,8 @@ CLEAN = {"star": 0.0, "heart": 0.0}  # a score for every label the default polic
 class Scripted:
     """Modes: unset -> clean scores (allow); raise; hang (until the mode changes);
     slow:N (N seconds a batch, then clean); none (returns None); short (too few results); nan / missing / text (a malformed score);
-    json:{label: score} for every image (labels not given score 0)."""
+    json:{label: score} for every image (labels not given score 0);
+    first:N:{label: score}: those scores for the first N batches scored, clean ones after."""
 
     version = "scripted-test-classifier"
     labels = ("star", "heart")
@@ -61,6 +64,11 @@ class Scripted:
             return [{"heart": 0.0} for _ in images]
         if mode == "text":
             return [{"star": "0.1", "heart": 0.0} for _ in images]
+        if mode.startswith("first:"):
+            _, count, given = mode.split(":", 2)
+            if _redis().incr(CALLS_KEY) > int(count):
+                return [dict(CLEAN) for _ in images]
+            mode = "json:" + given
         if mode.startswith("json:"):
             scores = {**CLEAN, **json.loads(mode[5:])}
             return [dict(scores) for _ in images]

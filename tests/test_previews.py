@@ -1,5 +1,6 @@
-"""Gated previews: every preview passes the image gate before a watcher gets it; a job whose
-preview is judged block or review gets no more; with the gate failing, no previews at all."""
+"""Gated previews: every preview passes the image gate before a watcher gets it; a round judged
+block or review sends nothing and the next round is judged afresh; with the gate failing, no
+previews at all."""
 
 from __future__ import annotations
 
@@ -47,6 +48,17 @@ def test_a_job_whose_previews_the_gate_blocks_sends_none(preview_worker, workers
     assert wait_for_status(job_id, ("blocked",)).status == "blocked"
     assert [e for e in seen if e["type"] == "preview"] == []
     assert any(e["type"] == "progress" for e in seen)  # it did run and was watched
+
+
+def test_a_job_whose_first_preview_is_withheld_gets_the_later_ones(preview_worker, workers, alice_api, classifier_mode):
+    # The first batch the classifier scores (the job's first preview round, at step 2: the gate
+    # thread is idle when it is offered) is a star; every later one is clean.
+    classifier_mode('first:1:{"star": 0.99}')
+    job_id, seen = watch(alice_api, "a red circle on a yellow background", 504)
+    assert wait_for_status(job_id, ("done",)).status == "done"
+    steps = [e["step"] for e in seen if e["type"] == "preview"]
+    assert steps, [e["type"] for e in seen]  # the old gate withheld every preview after the first
+    assert 2 not in steps and min(steps) >= 4, steps
 
 
 def test_with_the_gate_failing_no_preview_is_sent(preview_worker, workers, alice_api, classifier_mode):
