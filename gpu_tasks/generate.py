@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 from gpu_tasks.pipeline import Row, get_model
 from gpu_tasks.previews import PreviewGate
 from imagegen import metrics
+from imagegen.stage_table import STAGES
 from jobs import actions
 from jobs.media import credentials, encoding
 from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
@@ -318,7 +319,8 @@ class Runner:
     # --- the keeper thread ----------------------------------------------------------------
 
     def _keep_leases(self) -> None:
-        every = max(0.2, min(2.0, settings.IMAGEGEN_LEASE_SECONDS / 3))
+        lease = STAGES["generate"].lease_seconds
+        every = max(0.2, min(2.0, lease / 3))
         while not self._stopping.wait(every):
             with self._lock:
                 waiting = [j for ids in self._held.values() for j in ids]
@@ -327,7 +329,7 @@ class Runner:
                 close_old_connections()
                 if waiting:
                     actions.renew_leases(waiting)
-                if current is not None and time.monotonic() - current.progressed_at < settings.IMAGEGEN_LEASE_SECONDS:
+                if current is not None and time.monotonic() - current.progressed_at < lease:
                     actions.renew_leases(current.job_ids, progress_step=current.step)
             except Exception:
                 log.warning("renewing leases failed", exc_info=True)

@@ -38,6 +38,17 @@ class Stage:
     describes: str = ""  # how a failure reason names it ("the image safety check was interrupted 3 times")
     reject_on_worker_lost: bool = False  # a worker lost mid-run puts the message back (acks_late always)
     process: str = "cpu"  # the process type whose workers consume its queue (PROCESSES)
+    # How long a started run may go silent (its lease, renewed every third of it while it runs)
+    # before the reaper takes its worker for lost; None: the stage holds no lease.
+    lease_setting: str | None = None
+    # How long a job or batch may wait unstarted in the stage before the reaper takes its message
+    # for lost and sends it again (not an attempt); None: nothing is re-sent by age.
+    resend_setting: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.leased and not (self.lease_setting and self.resend_setting):
+            raise ValueError(f"the {self.name} stage holds a lease on its batch: its row must say how long a run may go "
+                             "silent (lease_setting) and how long it may wait unstarted (resend_setting)")
 
     @property
     def queue(self) -> str:
@@ -48,22 +59,41 @@ class Stage:
     def retry_for(self) -> float:
         return float(getattr(settings, self.retry_setting)) if self.retry_setting else 0.0
 
+    @property
+    def lease_seconds(self) -> float:
+        if self.lease_setting is None:
+            raise LookupError(f"the {self.name} stage holds no lease")
+        return float(getattr(settings, self.lease_setting))
+
+    @property
+    def resend_seconds(self) -> float:
+        if self.resend_setting is None:
+            raise LookupError(f"the {self.name} stage re-sends nothing by age")
+        return float(getattr(settings, self.resend_setting))
+
 
 STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
-        Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate", process="cpu"),
+        Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate", process="cpu",
+              resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS"),
         # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
         Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate",
-              describes="rewriting the prompt", reject_on_worker_lost=True, process="gpu"),
+              describes="rewriting the prompt", reject_on_worker_lost=True, process="gpu",
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS"),
+        # Its unstarted jobs wait in the scheduler's buckets, not in a message: the reaper rebuilds
+        # a lost entry from the row (jobs/actions/lifecycle.py rebuild_scheduler_state).
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
-              describes="generation", reject_on_worker_lost=True, process="gpu"),
+              describes="generation", reject_on_worker_lost=True, process="gpu", lease_setting="IMAGEGEN_LEASE_SECONDS"),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
-              reject_on_worker_lost=True, process="classify"),
+              reject_on_worker_lost=True, process="classify",
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS"),
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
               retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
-              reject_on_worker_lost=True, process="io"),
+              reject_on_worker_lost=True, process="io",
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS"),
+        # Its row in the outbox holds the lease (an attempt's timeout plus slack: jobs/webhooks/delivery.py).
         Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS", process="webhooks"),
     )
 }

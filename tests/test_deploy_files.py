@@ -398,7 +398,8 @@ def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recover
     settings.QUEUE_WATERMARK = "watermark"
     row = stage_table.Stage("watermark", "tests.stages.watermark", "QUEUE_WATERMARK", leased=True,
                             retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="watermarking the images",
-                            reject_on_worker_lost=True, process="io")
+                            reject_on_worker_lost=True, process="io", lease_setting="IMAGEGEN_LEASE_SECONDS",
+                            resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS")
     monkeypatch.setitem(stage_table.STAGES, "watermark", row)
     assert stage_table.route("tests.stages.watermark", ["shapes", "b1"], {}, {}) == {"queue": "watermark"}
     assert "watermark" in stage_table.routed_queues()

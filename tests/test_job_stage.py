@@ -193,6 +193,42 @@ def test_the_reaper_re_sends_a_lost_rewrite_token_and_a_lost_check_by_stage(alic
     assert actions.rebuild_scheduler_state(min_age_seconds=3600 * 2)[1:] == ([], [])  # once per resend interval
 
 
+def test_each_stage_waits_and_goes_silent_as_long_as_its_row_says(alice, monkeypatch, settings):
+    """The table's rows declare how long a started run may go silent (its lease) and how long work
+    may wait unstarted before a re-send; the claims and the reaper read the row, not a global."""
+    import dataclasses
+
+    from imagegen import stage_table
+
+    settings.IMAGEGEN_TEST_REWRITE_RESEND = 10 * 3600
+    settings.IMAGEGEN_TEST_CLASSIFY_LEASE = 4321
+    settings.IMAGEGEN_TEST_REWRITE_LEASE = 1234
+    rows = stage_table.STAGES
+    monkeypatch.setitem(rows, "rewrite", dataclasses.replace(
+        rows["rewrite"], resend_setting="IMAGEGEN_TEST_REWRITE_RESEND", lease_setting="IMAGEGEN_TEST_REWRITE_LEASE"))
+    monkeypatch.setitem(rows, "classify", dataclasses.replace(rows["classify"], lease_setting="IMAGEGEN_TEST_CLASSIFY_LEASE"))
+    old = timezone.now() - timedelta(hours=3)
+    waiting_rewrite = _job(alice, JobStage.REWRITE, rewrite=True)
+    unchecked = _job(alice)
+    GenerationJob.objects.filter(owner=alice).update(created_at=old)
+    _, recheck, rewake = actions.rebuild_scheduler_state(min_age_seconds=60)
+    assert recheck == [str(unchecked.id)] and rewake == []  # 3 h is past the prompt row's bound, not the rewrite's
+    [claimed] = actions.claim_rewrites(None, limit=4)
+    claimed.refresh_from_db()
+    lease = (claimed.rewrite_lease_expires_at - timezone.now()).total_seconds()
+    assert claimed.id == waiting_rewrite.id and 1200 < lease <= 1234
+    batch = Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0,
+                                 size=1, cap=1, stage=BatchStage.CLASSIFY)
+    assert actions.start_stage(batch.id, BatchStage.CLASSIFY)
+    lease = (Batch.objects.get(id=batch.id).lease_expires_at - timezone.now()).total_seconds()
+    assert 4300 < lease <= 4321
+    assert stage_table.STAGES["publish"].resend_seconds == settings.IMAGEGEN_STAGE_RESEND_SECONDS
+    with pytest.raises(LookupError):
+        _ = stage_table.STAGES["webhook"].lease_seconds  # its outbox row holds the lease
+    with pytest.raises(ValueError, match="lease_setting"):
+        dataclasses.replace(rows["publish"], lease_setting=None)  # a leased batch stage must say both
+
+
 def test_a_message_for_a_job_that_is_gone_moves_nothing_and_raises_nothing(alice):
     """A stage's message may outlive its job (deleted by its owner, purged): the move finds no
     row and says so."""

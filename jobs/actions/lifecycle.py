@@ -337,7 +337,7 @@ def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
             started_at=now,
             batch_id=batch_id,
             progress_step=0,
-            lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
+            lease_expires_at=now + timedelta(seconds=stage_table.STAGES["generate"].lease_seconds),
         )
         jobs = list(GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.GENERATE, batch_id=batch_id))
         # The GPU work is spent from here on: charged now, whatever becomes of the job.
@@ -352,7 +352,7 @@ def claim_batch(job_ids: list[str], batch_id) -> list[GenerationJob]:
 
 def renew_leases(job_ids: list[str], progress_step: int | None = None) -> None:
     """The worker holding these running jobs is alive (and, with progress_step, at that step)."""
-    fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)}
+    fields: dict = {"lease_expires_at": timezone.now() + timedelta(seconds=stage_table.STAGES["generate"].lease_seconds)}
     if progress_step is not None:
         fields["progress_step"] = progress_step
     GenerationJob.objects.filter(id__in=job_ids, stage=JobStage.GENERATE, lease_expires_at__isnull=False).update(**fields)
@@ -429,7 +429,7 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
     """Re-enqueue admitted jobs (waiting_gpu) that are missing from Redis (state lost, or a worker
     died between taking and claiming). Returns (how many were restored, the jobs whose prompt
     check was lost with the broker and is due again, the jobs waiting for a rewriter whose wake
-    was lost or whose rewriter died: each at most once per IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS)."""
+    was lost or whose rewriter died: each at most once per its stage row's re-send bound)."""
     now = timezone.now()
     cutoff = now - timedelta(seconds=min_age_seconds)
     restored = 0
@@ -438,16 +438,25 @@ def rebuild_scheduler_state(min_age_seconds: float = 5.0) -> tuple[int, list[str
         if not scheduler.is_enqueued(shape_of(job), str(job.id), images_to_make(job), **_flow(job)):
             enqueue(job, job.scheduled_at.timestamp())
             restored += 1
-    resend_after = settings.IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS
-    stale_check = now - timedelta(seconds=max(resend_after, min_age_seconds))
-    due = GenerationJob.objects.filter(created_at__lt=stale_check).filter(
-        Q(stage__in=(JobStage.PROMPT, JobStage.REWRITE_CHECK))
-        | Q(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now), stage=JobStage.REWRITE)
+    # Each per-job stage waits unstarted at most its row's bound (a rewrite's check is the prompt
+    # row's: the same task), then its message is taken for lost.
+    resend_after: dict[str, float] = {JobStage.PROMPT: stage_table.STAGES["prompt"].resend_seconds,
+                    JobStage.REWRITE_CHECK: stage_table.STAGES["prompt"].resend_seconds,
+                    JobStage.REWRITE: stage_table.STAGES["rewrite"].resend_seconds}
+
+    def stale(stage: str) -> datetime:
+        return now - timedelta(seconds=max(resend_after[stage], min_age_seconds))
+
+    due = GenerationJob.objects.filter(
+        Q(stage=JobStage.PROMPT, created_at__lt=stale(JobStage.PROMPT))
+        | Q(stage=JobStage.REWRITE_CHECK, created_at__lt=stale(JobStage.REWRITE_CHECK))
+        | Q(Q(rewrite_lease_expires_at=None) | Q(rewrite_lease_expires_at__lt=now), stage=JobStage.REWRITE,
+            created_at__lt=stale(JobStage.REWRITE))
     ).values_list("id", "stage")
     recheck: list[str] = []
     rewake: list[str] = []
     for job_id, stage in due:
-        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after))):
+        if get_redis().set(f"{PREFIX}recheck:{job_id}", "1", nx=True, ex=max(1, round(resend_after[stage]))):
             (rewake if stage == JobStage.REWRITE else recheck).append(str(job_id))
     return restored, recheck, rewake
 

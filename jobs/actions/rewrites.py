@@ -7,7 +7,7 @@ each with a compare-and-set on its lease.
               moderator's approval) moves a job there (jobs.actions.admit), so a run woken for
               one job never takes another still waiting for its check, nor one whose block or
               hold a batch drain recorded but has not yet applied
-    claimed   its lease set for IMAGEGEN_LEASE_SECONDS, rewrite_attempts + 1 (a started run)
+    claimed   its lease set for the rewrite row's lease, rewrite_attempts + 1 (a started run)
     saved     revised_prompt, the rewriter's identity, rewritten_at, and the move on (a
               compare-and-set from `rewrite` under a lease): to `rewrite_check`, the second
               prompt gate, when it changed the prompt; to `waiting_gpu` (the scheduler) when not
@@ -53,7 +53,7 @@ def claim_rewrites(first: str | None, limit: int) -> list[GenerationJob]:
         jobs = [j for j in picked if j not in worn]
         if jobs:
             GenerationJob.objects.filter(id__in=[j.id for j in jobs]).update(
-                rewrite_lease_expires_at=now + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS),
+                rewrite_lease_expires_at=now + timedelta(seconds=STAGES["rewrite"].lease_seconds),
                 rewrite_attempts=F("rewrite_attempts") + 1,
             )
     return jobs

@@ -37,8 +37,8 @@ def _batch_stages() -> tuple[str, ...]:
     return tuple(name for name, stage in STAGES.items() if stage.leased)
 
 
-def _lease(now: datetime | None = None) -> datetime:
-    return (now or timezone.now()) + timedelta(seconds=settings.IMAGEGEN_LEASE_SECONDS)
+def _lease(stage: str, now: datetime | None = None) -> datetime:
+    return (now or timezone.now()) + timedelta(seconds=STAGES[stage].lease_seconds)
 
 
 def enter_stage(stage: str, now: datetime) -> dict:
@@ -53,13 +53,13 @@ def start_stage(batch_id, stage: str) -> str | None:
     run = uuid.uuid4().hex
     now = timezone.now()
     taken = Batch.objects.filter(id=batch_id, stage=stage, lease_expires_at=None).update(
-        stage_started_at=now, stage_run=run, lease_expires_at=_lease(now)
+        stage_started_at=now, stage_run=run, lease_expires_at=_lease(stage, now)
     )
     return run if taken else None
 
 
 def renew_stage(batch_id, stage: str, run: str) -> bool:
-    return bool(Batch.objects.filter(id=batch_id, stage=stage, stage_run=run).update(lease_expires_at=_lease()))
+    return bool(Batch.objects.filter(id=batch_id, stage=stage, stage_run=run).update(lease_expires_at=_lease(stage)))
 
 
 def release_stage(batch_id, stage: str, run: str, retry_within: float) -> bool:
@@ -126,9 +126,11 @@ def stage_seconds() -> dict[str, float]:
 
 def resend_bound(stage: str, ahead: int, measured: dict[str, float]) -> float:
     """Seconds a batch may wait unstarted in `stage` behind `ahead` others before its message is
-    taken for lost: the base bound, plus twice the stage's run time per batch ahead of it."""
-    per_run = measured.get(stage, settings.IMAGEGEN_LEASE_SECONDS)
-    return settings.IMAGEGEN_STAGE_RESEND_SECONDS + 2.0 * ahead * per_run
+    taken for lost: its row's bound, plus twice the stage's run time per batch ahead of it (its
+    lease when not measured yet)."""
+    row = STAGES[stage]
+    per_run = measured.get(stage, row.lease_seconds)
+    return row.resend_seconds + 2.0 * ahead * per_run
 
 
 def queue_ages(now: datetime | None = None) -> dict[str, float]:

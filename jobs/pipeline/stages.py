@@ -41,7 +41,7 @@ def send_next(stage: str, lane: str, batch_id: str) -> None:
 def running(stage: str, batch_id: str) -> Iterator[str | None]:
     """Hold the stage of the batch while the block runs: yields the run's token, or None when
     the batch is not in that stage or another run holds it (a duplicate: do nothing). The lease
-    is renewed every third of IMAGEGEN_LEASE_SECONDS until the block ends."""
+    is renewed every third of the stage's lease (its row's) until the block ends."""
     from jobs import actions
 
     run = actions.start_stage(batch_id, stage)
@@ -52,7 +52,7 @@ def running(stage: str, batch_id: str) -> Iterator[str | None]:
 
     def renew() -> None:
         try:
-            while not stop.wait(settings.IMAGEGEN_LEASE_SECONDS / 3):
+            while not stop.wait(STAGES[stage].lease_seconds / 3):
                 try:
                     if not actions.renew_stage(batch_id, stage, run):
                         return  # taken over: the run's own compare-and-set will fail too
