@@ -5,12 +5,12 @@ decoder), and x0 through the model's own tiny decoder (gpu_tasks/preview_net.py,
 the model ships one). Then what the decoder costs: the previews of 8 rows against one denoising
 step at batch 8 (goal: under 3%).
 
-    .venv/bin/python bench/preview_error.py [--model PATH] [--steps 20] [--images 8] [--size 64]
+    .venv/bin/python bench/preview_error.py [--model PATH] [--steps 20] [--images 8] [--size 64] [--out FILE]
 
 Error: mean absolute difference per pixel and channel (0-255) between the preview and the final
 image resized to the preview's size (at 100% that of the map or decoder itself). The prompts and
 seeds (1000 on) are none the decoder was trained on (training/train_preview_decoder.py uses
-training captions and seeds from 100000). Writes bench/results/preview_error.json.
+training captions and seeds from 100000). Writes bench/results/preview_error.json (or --out).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ def main() -> None:
     p.add_argument("--guidance", type=float, default=5.0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--repeat", type=int, default=60, help="timed steps and decoder runs (median), in passes of --steps")
+    p.add_argument("--out", default="", help="default: bench/results/preview_error.json")
     a = p.parse_args()
     from gpu_tasks.tiny_pipeline import model_for_bench
 
@@ -139,7 +140,7 @@ def main() -> None:
                 "decoder_params": sum(p.numel() for p in decoder.parameters())}
         print(f"one step at batch 8: {step_ms:.1f} ms; the decoder on 8 rows: {net_ms:.2f} ms ({net_ms / step_ms:.1%}); "
               f"8 previews with it (to PIL, resized): {pictures_ms:.2f} ms, with the linear map: {linear_ms:.2f} ms", flush=True)
-    out = ROOT / "bench" / "results" / "preview_error.json"
+    out = Path(a.out) if a.out else ROOT / "bench" / "results" / "preview_error.json"
     out.write_text(json.dumps({
         "command": "python bench/preview_error.py " + " ".join(sys.argv[1:]), "model": str(model_path),
         "family": model.family.name, "scheduler": type(model.pipe.scheduler).__name__, "steps": a.steps,
