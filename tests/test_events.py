@@ -49,25 +49,25 @@ def test_owner_gets_the_current_state_first_then_live_events_in_order(alice):
 
     async def scenario():
         ws = communicator(job.id, ORIGIN, token_header(alice))
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=60)
         assert connected
-        first = await ws.receive_json_from(timeout=5)
+        first = await ws.receive_json_from(timeout=60)
         assert (first["type"], first["status"], first["job"]) == ("status", "running", str(job.id))
-        replay = await ws.receive_json_from(timeout=5)
+        replay = await ws.receive_json_from(timeout=60)
         assert (replay["type"], replay["step"], replay["total"]) == ("progress", 3, 12)
         publish = sync_to_async(events.publish)
         await publish(job.id, {"type": "progress", "step": 3, "total": 12})  # already replayed: dropped
         await publish(job.id, {"type": "progress", "step": 4, "total": 12})
         await publish(job.id, {"type": "preview", "step": 4, "image": "data:image/jpeg;base64,AA=="})
-        live = await ws.receive_json_from(timeout=5)
+        live = await ws.receive_json_from(timeout=60)
         assert (live["type"], live["step"]) == ("progress", 4)
         assert isinstance(live["sent_at"], float)
-        preview = await ws.receive_json_from(timeout=5)
+        preview = await ws.receive_json_from(timeout=60)
         assert (preview["type"], preview["step"]) == ("preview", 4)
         await publish(job.id, {"type": "status", "status": "done", "reason": "", "images": []})
-        done = await ws.receive_json_from(timeout=5)
+        done = await ws.receive_json_from(timeout=60)
         assert done["status"] == "done"
-        closed = await ws.receive_output(timeout=5)
+        closed = await ws.receive_output(timeout=60)
         assert closed == {"type": "websocket.close", "code": 1000}
         await ws.disconnect()
 
@@ -82,9 +82,9 @@ def test_the_session_cookie_authenticates_the_page_socket(alice):
 
     async def scenario():
         ws = communicator(job.id, ORIGIN, (b"cookie", cookie))
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=60)
         assert connected
-        first = await ws.receive_json_from(timeout=5)
+        first = await ws.receive_json_from(timeout=60)
         assert (first["type"], first["status"]) == ("status", "queued")
         assert await ws.receive_nothing(timeout=0.2)
         await ws.disconnect()
@@ -97,7 +97,7 @@ def test_another_user_anonymous_and_a_foreign_origin_are_refused_at_connect(alic
 
     async def refused(*headers) -> bool:
         ws = communicator(job.id, *headers)
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=60)
         if connected:
             await ws.disconnect()
         return not connected
@@ -119,11 +119,11 @@ def test_a_finished_job_replays_its_final_status_and_closes(alice):
 
     async def scenario():
         ws = communicator(job.id, ORIGIN, token_header(alice))
-        connected, _ = await ws.connect()
+        connected, _ = await ws.connect(timeout=60)
         assert connected
-        first = await ws.receive_json_from(timeout=5)
+        first = await ws.receive_json_from(timeout=60)
         assert first["status"] == "cancelled"
-        assert await ws.receive_output(timeout=5) == {"type": "websocket.close", "code": 1000}
+        assert await ws.receive_output(timeout=60) == {"type": "websocket.close", "code": 1000}
 
     async_to_sync(scenario)()
 

@@ -30,7 +30,7 @@ def test_a_reservation_left_by_a_crash_is_taken_over_after_the_bound(alice, alic
     started = time.monotonic()
     response = alice_api.post("/api/v1/jobs", BODY, format="json", HTTP_IDEMPOTENCY_KEY="order-crash")
     assert response.status_code == 202, response.content
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 20  # taken over at once, not after the 30 s bound
     job_id = response.json()["id"]
     assert IdempotencyKey.objects.get(key="order-crash").job_id is not None
     again = alice_api.post("/api/v1/jobs", BODY, format="json", HTTP_IDEMPOTENCY_KEY="order-crash")

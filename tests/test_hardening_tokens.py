@@ -81,7 +81,7 @@ def _connects(job_id, *headers) -> bool:
     async def go() -> bool:
         ws = WebsocketCommunicator(application, f"/ws/jobs/{job_id}/", headers=[HOST, *headers])
         try:
-            connected, _ = await ws.connect(timeout=5)
+            connected, _ = await ws.connect(timeout=60)
         except TimeoutError:
             connected = False
         await ws.disconnect()

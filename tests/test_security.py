@@ -88,7 +88,7 @@ def _token(user) -> tuple[bytes, bytes]:
 async def _connects(job_id, *headers) -> bool:
     ws = _ws(job_id, *headers)
     try:
-        connected, _ = await ws.connect(timeout=5)
+        connected, _ = await ws.connect(timeout=60)
     except TimeoutError:
         connected = False
     await ws.disconnect()
