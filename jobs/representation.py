@@ -67,6 +67,9 @@ class JobSerializer(serializers.ModelSerializer):
         help_text="The prompt drawn, as the rewriter wrote it (the user's own where it kept it); null: not rewritten (yet).")
     rewriter = serializers.SerializerMethodField(help_text="The rewriter's identity (version and settings); null: none.")
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
+    stage = serializers.CharField(read_only=True, help_text=(
+        "Where the pipeline has the job (prompt, rewrite, rewrite_check, waiting_gpu, reveal, generate, classify, "
+        "publish, review, done, blocked, failed, cancelled); `status` is the user's view of it, derived from it."))
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
     batch = serializers.SerializerMethodField()
@@ -76,7 +79,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = GenerationJob
         fields = [
-            "id", "status", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
+            "id", "status", "stage", "prompt", "negative_prompt", "width", "height", "steps", "seed", "count",
             "guidance_scale", "model", "created_at", "started_at", "finished_at", "progress", "reason",
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
             "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
@@ -162,6 +165,7 @@ def _int_or_none(value) -> int | None:
 _FAST = {
     "id": lambda s, job: str(job.id),
     "status": lambda s, job: job.status,
+    "stage": lambda s, job: job.stage,
     "prompt": lambda s, job: job.prompt,
     "negative_prompt": lambda s, job: job.negative_prompt,
     "width": lambda s, job: int(job.width),

@@ -265,3 +265,14 @@ def test_a_claim_that_fails_puts_the_jobs_it_took_back_in_their_buckets(alice, m
         generate.take_and_claim(lane)
     assert scheduler.is_enqueued(lifecycle.shape_of(job), str(job.id), 1, **flow), "the taken job was lost"
     assert GenerationJob.objects.get(id=job.id).stage == JobStage.WAITING_GPU
+
+
+def test_the_job_json_says_where_the_pipeline_has_the_job_beside_the_status_derived_from_it(alice):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(alice)
+    for stage in (JobStage.REWRITE, JobStage.CLASSIFY, JobStage.REVIEW):
+        job = _job(alice, stage, rewrite=stage == JobStage.REWRITE)
+        body = api.get(f"/api/v1/jobs/{job.id}").json()
+        assert (body["stage"], body["status"]) == (stage, status_of(stage)), body
