@@ -20,6 +20,10 @@ IMAGEGEN_FILL_WAIT, IMAGEGEN_DEGRADE_STEPS and so on). `degrade_steps`: what an 
 job on this model is lowered to under load (the fewest steps at which it still draws what it is
 asked; measured with bench/model_eval.py). `steer: false`: the policy's steering is not applied to
 this model (shapes-v1: it drew no more ordinary prompts' images with it, bench/image_gate_eval.py).
+`min_steps`: the fewest steps at which it still draws what it is asked (fewer is a 400 naming
+`steps`; the tiers', the default and the degraded steps never go below it), and `student`: a served
+few-step version the 400 suggests instead (models/shapes-v2: 12 and shapes-v2-lcm; below 12 its
+blobs were read as stars and hearts by the image gate, issue 46).
 `batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
 --model-version V` suggests for that model (scheduling/scheduler.py applies them per version).
 """
@@ -53,6 +57,8 @@ class ServedModel:
     negative_prompt: bool  # False: the model ignores one (guidance distilled in), so a job with one is a 400
     degrade_steps: int = 0  # steps an allow_degrade job gets under load; 0: IMAGEGEN_DEGRADE_STEPS
     steer: bool = True  # False: the policy's steering is not applied to it (safety/image_policy.py)
+    min_steps: int = 1  # fewer steps are refused (a 400 naming `steps`)
+    student: str = ""  # a served few-step version to ask for instead of fewer steps than min_steps
 
     def as_json(self) -> dict:
         return {
@@ -60,9 +66,18 @@ class ServedModel:
             "label": self.label,
             "default": self.default,
             "default_steps": self.default_steps,
+            "min_steps": self.min_steps,
             "max_steps": self.max_steps,
             "guidance_scale": self.guidance_scale,
         }
+
+    def below_floor(self) -> str:
+        """Why a job on this model may not ask for fewer than min_steps, and what to ask instead."""
+        said = f"{self.version} draws what it is asked from {self.min_steps} steps on: ask for at least {self.min_steps}"
+        student = served().get(self.student) if self.student else None
+        if student is not None:
+            said += f', or for its few-step student ("model": "{student.version}", {student.default_steps} steps)'
+        return said
 
 
 def _profile(path: Path) -> dict:
@@ -82,13 +97,15 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
     measured = _profile(path)
     # degrade_steps is measured like the caps: the fewest steps at which the model still draws
     # what it is asked (models/shapes-v2: 12; at 8 its kinds drop to 83% by geometry, docs/model.md).
-    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps", "steer") if k in measured} if default else measured
+    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps", "steer", "min_steps", "student")
+            if k in measured} if default else measured
     max_steps = min(settings.IMAGEGEN_MAX_STEPS, int(prof.get("max_steps", settings.IMAGEGEN_MAX_STEPS)))
+    min_steps = max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, int(prof.get("min_steps", settings.IMAGEGEN_MIN_STEPS))))
     steps = int(prof.get("default_steps", settings.IMAGEGEN_DEFAULT_STEPS))
     return ServedModel(
         version=version,
         path=Path(path),
-        default_steps=max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, steps)),
+        default_steps=max(min_steps, min(max_steps, steps)),
         max_steps=max_steps,
         guidance_scale=float(prof.get("guidance_scale", settings.IMAGEGEN_DEFAULT_GUIDANCE)),
         label=str(prof.get("label", version)),
@@ -98,9 +115,11 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         batch_caps={str(k): max(1, int(v)) for k, v in dict(prof.get("batch_caps", {})).items()},
         fill_wait=float(prof["fill_wait"]) if prof.get("fill_wait") is not None else None,
         negative_prompt=bool(prof.get("negative_prompt", True)),
-        degrade_steps=max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, int(prof["degrade_steps"])))
-        if prof.get("degrade_steps") else 0,
+        degrade_steps=max(min_steps, min(max_steps, int(prof.get("degrade_steps") or settings.IMAGEGEN_DEGRADE_STEPS)))
+        if prof.get("degrade_steps") or min_steps > settings.IMAGEGEN_MIN_STEPS else 0,
         steer=bool(prof.get("steer", True)),
+        min_steps=min_steps,
+        student=str(prof.get("student", "")),
     )
 
 

@@ -366,7 +366,8 @@ class Run:
             ids = []
             for i in range(n):
                 res = http.post("/api/v1/jobs", headers=headers,
-                                json={"prompt": PROMPTS[i % len(PROMPTS)], "width": 64, "height": 64, "steps": 2, "count": 1})
+                                json={"prompt": PROMPTS[i % len(PROMPTS)], "width": 64, "height": 64,
+                                      "steps": self.burst.steps, "count": 1})
                 res.raise_for_status()
                 ids.append(res.json()["id"])
             deadline = time.monotonic() + timeout

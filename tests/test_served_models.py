@@ -145,7 +145,7 @@ def test_the_forecast_prices_each_served_version_at_its_own_steps(fast_model, se
 def test_the_page_offers_the_model_choice_with_each_models_steps(fast_model, alice, client):
     client.force_login(alice)
     page = client.get("/").content.decode()
-    assert 'id="model"' in page and f'value="{FAST}" data-steps="2" data-max-steps="6"' in page
+    assert 'id="model"' in page and f'value="{FAST}" data-steps="2" data-min-steps="1" data-max-steps="6"' in page
 
 
 def test_measure_batch_caps_writes_the_versions_serving_profile(fast_model, settings):
@@ -241,3 +241,43 @@ def test_an_allow_degrade_job_is_lowered_to_its_models_own_degrade_steps(fast_mo
         worker.stop()
         (fast_model / "serving.json").write_text(json.dumps(profile))
         catalogue._catalogue.cache_clear()
+
+
+def test_fewer_steps_than_a_models_floor_is_a_400_naming_the_floor_and_its_student(fast_model, alice_api, settings,
+                                                                                  stay_queued):
+    """A model's serving.json `min_steps` (shapes-v2: 12; below it the image gate read its blobs as
+    stars and hearts) refuses fewer steps with a 400 that names the floor and the few-step
+    student to ask for instead; a tier's, the default and the degraded steps never go below it."""
+    from jobs.api.openai.compat import steps_for
+
+    profile = json.loads((fast_model / "serving.json").read_text())
+    (fast_model / "serving.json").write_text(json.dumps({
+        **profile, "min_steps": 4, "max_steps": 12, "quality_steps": {"low": 1, "medium": 2, "high": 8},
+        "student": settings.IMAGEGEN_MODEL_VERSION}))
+    settings.IMAGEGEN_DEGRADE_STEPS = 2  # the deployment's: below this model's floor
+    catalogue._catalogue.cache_clear()
+    try:
+        fast = catalogue.get(FAST)
+        assert (fast.min_steps, fast.default_steps, fast.degrade_steps) == (4, 4, 4)  # raised to the floor
+        assert fast.as_json()["min_steps"] == 4
+        assert [steps_for(tier, FAST) for tier in ("low", "medium", "high")] == [4, 4, 8]
+        refused = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": FAST, "steps": 3}, format="json")
+        assert refused.status_code == 400, refused.content
+        [said] = refused.json()["steps"]
+        assert "from 4 steps" in said and f'"model": "{settings.IMAGEGEN_MODEL_VERSION}"' in said, said
+        taken = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": FAST, "steps": 4}, format="json")
+        assert taken.status_code == 202 and taken.json()["steps"] == 4, taken.content
+        unasked = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": FAST}, format="json")
+        assert unasked.status_code == 202 and unasked.json()["steps"] == 4, unasked.content
+    finally:
+        (fast_model / "serving.json").write_text(json.dumps(profile))
+        catalogue._catalogue.cache_clear()
+
+
+def test_the_default_model_declares_its_floor_and_its_student(settings):
+    root = Path(__file__).resolve().parents[1] / "models"
+    settings.IMAGEGEN_EXTRA_MODELS = {"shapes-v2": str(root / "shapes-v2"), "shapes-v2-lcm": str(root / "shapes-v2-lcm")}
+    v2 = catalogue.get("shapes-v2")
+    assert (v2.min_steps, v2.student, v2.degrade_steps) == (12, "shapes-v2-lcm", 12)
+    assert '"model": "shapes-v2-lcm", 4 steps' in v2.below_floor()
+    assert catalogue.get("shapes-v2-lcm").min_steps == 1

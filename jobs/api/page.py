@@ -18,7 +18,7 @@ def page_catalogue() -> list[dict]:
         tiers = {q: {"steps": steps_for(q, m.version), "levers": variant_for(q, m.version)} for q, _ in PAGE_QUALITIES if q != "auto"}
         tiers["auto"] = {"steps": m.default_steps, "levers": ""}
         models.append({"version": m.version, "label": m.label, "default": m.default, "default_steps": m.default_steps,
-                       "max_steps": m.max_steps, "guidance_scale": m.guidance_scale, "tiers": tiers})
+                       "min_steps": m.min_steps, "max_steps": m.max_steps, "guidance_scale": m.guidance_scale, "tiers": tiers})
     return models
 
 

@@ -635,6 +635,7 @@ class QueueModelSerializer(serializers.Serializer):
     display_name = serializers.CharField(required=False, help_text="The model as the page shows it.")
     default = serializers.BooleanField(required=False, help_text="The version a job without `model` runs on.")
     default_steps = serializers.IntegerField(required=False)
+    min_steps = serializers.IntegerField(required=False, help_text="Fewer steps are refused (a 400 naming `steps`).")
     max_steps = serializers.IntegerField(required=False)
     guidance_scale = serializers.FloatField(required=False)
     active_workers = serializers.IntegerField(required=False, allow_null=True)

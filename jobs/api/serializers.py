@@ -143,6 +143,8 @@ class JobCreateSerializer(serializers.Serializer):
             caps = heartbeats.capabilities(lanes.lane_of(served.version)) or {}
             if caps.get("negative_prompt_refusal"):
                 raise serializers.ValidationError({"negative_prompt": [caps["negative_prompt_refusal"]]})
+        if attrs["steps"] < served.min_steps:
+            raise serializers.ValidationError({"steps": [served.below_floor()]})
         if attrs["steps"] > served.max_steps:
             raise serializers.ValidationError(
                 {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}

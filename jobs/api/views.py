@@ -221,6 +221,7 @@ def _queue_of(served) -> dict:
         "display_name": served.label,
         "default": served.default,
         "default_steps": served.default_steps,
+        "min_steps": served.min_steps,
         "max_steps": served.max_steps,
         "guidance_scale": served.guidance_scale,
         "active_workers": est.active_gpus,

@@ -296,6 +296,7 @@
     const option = $("model").selectedOptions[0];
     if (!option) return;
     $("steps").max = option.dataset.maxSteps;
+    $("steps").min = option.dataset.minSteps;
     if (setDefaults) {
       $("steps").value = String(tierOf(chosenModel()).steps || option.dataset.steps);
       $("guidance_scale").value = option.dataset.guidance;

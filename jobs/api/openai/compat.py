@@ -54,9 +54,10 @@ def steps_for(quality: str | None, model: str | None = None) -> int:
     else:
         default, tiers, top = served.default_steps, served.quality_steps, served.max_steps
     tier = _TIER_OF.get(quality or "")
+    floor = served.min_steps if served is not None else settings.IMAGEGEN_MIN_STEPS  # the model's own (serving.json)
     if tier is None or tier not in tiers:
-        return default
-    return max(settings.IMAGEGEN_MIN_STEPS, min(top, tiers[tier]))
+        return max(floor, default)
+    return max(floor, min(top, tiers[tier]))
 
 
 def variant_for(quality: str | None, model: str | None = None) -> str:
