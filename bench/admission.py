@@ -262,7 +262,7 @@ def cache_run(stack, load: Load, port: int, policy: str, requests: int, rate: fl
     stream = rng.choices(range(prompts), weights=weights, k=requests)
 
     def make(i: int, _rng: random.Random) -> dict:
-        return {"prompt": prompt_of(stream[i]), "width": 64, "height": 64, "steps": 10, "count": 1}
+        return {"prompt": prompt_of(stream[i]), "width": 64, "height": 64, "steps": 12, "count": 1}
 
     t0 = time.time()
     answers = load.run(f"cache-{policy}", rate, requests / rate, make, random.Random(seed + 1))

@@ -64,7 +64,7 @@ def concurrent_submits(base: str, token: str, n: int = 40) -> list[int]:
         with httpx.Client(base_url=base, headers={"Authorization": f"Token {token}"}, timeout=60) as client:
             barrier.wait()
             return client.post("/api/v1/jobs", json={"prompt": f"a red circle {i} {time.time_ns()}", "seed": i,
-                                                      "steps": 2}).status_code
+                                                      "steps": 12}).status_code
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         return list(pool.map(one, range(n)))

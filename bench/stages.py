@@ -98,7 +98,7 @@ def run_layout(layout: str, jobs: int, classify_seconds: float, webhook_seconds:
 
         # One job through every stage first: the workers are up and the prompt filter loaded.
         warm = JobCreateSerializer(data={"prompt": "a blue square on a red background", "width": 64, "height": 64,
-                                         "steps": 4, "seed": 999999})
+                                         "steps": 12, "seed": 999999})
         warm.is_valid(raise_exception=True)
         warm_id = submit_job(owner, warm.validated_data).id
         deadline = time.monotonic() + 300
