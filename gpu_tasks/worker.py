@@ -18,15 +18,20 @@ def _queues(sender) -> set[str]:
 
 @worker_ready.connect
 def _on_worker_ready(sender=None, **kwargs):
+    """Load what the rows of the stages this worker consumes declare (`loads` in
+    imagegen/stage_table.py; the prompt filter is loaded earlier, before the pool forks)."""
+    from imagegen.stage_table import loads_for
+
     queues = _queues(sender)
+    loads = loads_for(queues)
     gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
-    if settings.QUEUE_CLASSIFY in queues or gpu_queues:  # GPU workers gate their previews
+    if "image_gate" in loads:  # GPU workers gate their previews
         _check_image_gate()
-    if settings.QUEUE_REWRITE in queues and settings.IMAGEGEN_REWRITER_PATH:
+    if "rewriter" in loads and settings.IMAGEGEN_REWRITER_PATH:
         from gpu_tasks.rewrite_stage import rewriter
 
         log.info("prompt rewriter %s loaded", rewriter().version)  # from disk, before its first batch
-    if not gpu_queues:
+    if "model" not in loads or not gpu_queues:
         return
     from gpu_tasks.generate import WORKER_ID, runner_for
     from gpu_tasks.pipeline import get_model

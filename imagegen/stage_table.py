@@ -26,6 +26,11 @@ from django.conf import settings
 log = logging.getLogger(__name__)
 
 
+# What a stage's worker can load before its first task, in the order a worker loads them (read by
+# jobs/pipeline/tasks.py for the prompt filter, gpu_tasks/worker.py for the rest).
+LOADS = ("prompt_filter", "image_gate", "rewriter", "model")
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
@@ -44,8 +49,13 @@ class Stage:
     # How long a job or batch may wait unstarted in the stage before the reaper takes its message
     # for lost and sends it again (not an attempt); None: nothing is re-sent by age.
     resend_setting: str | None = None
+    # What a worker consuming its queue loads before its first task (LOADS: the prompt filter, the
+    # rewriter, the lane's model, the image gate), so no task waits for a load.
+    loads: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not set(self.loads) <= set(LOADS):
+            raise ValueError(f"the {self.name} stage loads {sorted(set(self.loads) - set(LOADS))}: not one of {LOADS}")
         if self.leased and not (self.lease_setting and self.resend_setting):
             raise ValueError(f"the {self.name} stage holds a lease on its batch: its row must say how long a run may go "
                              "silent (lease_setting) and how long it may wait unstarted (resend_setting)")
@@ -76,19 +86,21 @@ STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
         Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate", process="cpu",
-              resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS"),
+              resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", loads=("prompt_filter",)),
         # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
         Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate",
               describes="rewriting the prompt", reject_on_worker_lost=True, process="gpu",
-              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS"),
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS",
+              loads=("rewriter",)),
         # Its unstarted jobs wait in the scheduler's buckets, not in a message: the reaper rebuilds
         # a lost entry from the row (jobs/actions/lifecycle.py rebuild_scheduler_state).
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
-              describes="generation", reject_on_worker_lost=True, process="gpu", lease_setting="IMAGEGEN_LEASE_SECONDS"),
+              describes="generation", reject_on_worker_lost=True, process="gpu", lease_setting="IMAGEGEN_LEASE_SECONDS",
+              loads=("image_gate", "model")),  # the gate judges its previews
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
               reject_on_worker_lost=True, process="classify",
-              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS"),
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("image_gate",)),
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
               retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
               reject_on_worker_lost=True, process="io",
@@ -158,6 +170,26 @@ def queue_of(task: str) -> str | None:
             return stage.queue
     setting = UPKEEP.get(task)
     return getattr(settings, setting) if setting else None
+
+
+def consumed_stages(queues) -> list[Stage]:
+    """The rows whose queue is among `queues` (a lane's queue matches its `{lane}` template)."""
+    out = []
+    for stage in STAGES.values():
+        queue = stage.queue
+        if stage.by_lane:
+            prefix = queue.replace("{lane}", "")
+            if any(q.startswith(prefix) and len(q) > len(prefix) for q in queues):
+                out.append(stage)
+        elif queue in queues:
+            out.append(stage)
+    return out
+
+
+def loads_for(queues) -> list[str]:
+    """What a worker consuming `queues` loads before its first task, in LOADS' order."""
+    wanted = {load for stage in consumed_stages(queues) for load in stage.loads}
+    return [load for load in LOADS if load in wanted]
 
 
 def routed_queues() -> set[str]:

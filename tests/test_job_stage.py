@@ -276,3 +276,32 @@ def test_the_job_json_says_where_the_pipeline_has_the_job_beside_the_status_deri
         job = _job(alice, stage, rewrite=stage == JobStage.REWRITE)
         body = api.get(f"/api/v1/jobs/{job.id}").json()
         assert (body["stage"], body["status"]) == (stage, status_of(stage)), body
+
+
+def test_a_worker_loads_before_its_first_task_what_the_rows_of_its_queues_declare(monkeypatch, settings):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from gpu_tasks import worker
+    from imagegen import stage_table
+
+    loads_for = stage_table.loads_for
+    assert loads_for({settings.QUEUE_CPU}) == ["prompt_filter"]
+    assert loads_for({settings.QUEUE_CLASSIFY}) == ["image_gate"]
+    assert loads_for({f"{settings.QUEUE_GPU_PREFIX}some-lane", settings.QUEUE_REWRITE}) == ["image_gate", "rewriter", "model"]
+    assert loads_for({settings.QUEUE_IO, settings.QUEUE_WEBHOOKS}) == []
+    # A row that declares a load: a worker of its queue loads it, and no other.
+    rows = stage_table.STAGES
+    monkeypatch.setitem(rows, "publish", dataclasses.replace(rows["publish"], loads=("image_gate",)))
+    checked: list[bool] = []
+    monkeypatch.setattr(worker, "_check_image_gate", lambda: checked.append(True))
+
+    def consuming(*queues):
+        return SimpleNamespace(task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=q) for q in queues]))
+
+    worker._on_worker_ready(sender=consuming(settings.QUEUE_WEBHOOKS))
+    assert checked == []
+    worker._on_worker_ready(sender=consuming(settings.QUEUE_IO))
+    assert checked == [True]
+    with pytest.raises(ValueError, match="not one of"):
+        dataclasses.replace(rows["publish"], loads=("the-moon",))

@@ -11,7 +11,7 @@ from celery import shared_task
 from celery.signals import worker_init
 from django.conf import settings
 
-from imagegen.stage_table import stage_task
+from imagegen.stage_table import loads_for, stage_task
 from jobs.pipeline import stages
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ def load_the_prompt_filter_before_the_pool_forks(sender=None, **kwargs) -> None:
     if not settings.IMAGEGEN_PRELOAD_PROMPT_FILTER or sender is None:
         return
     consumed = set(getattr(sender.app.amqp.queues, "consume_from", None) or {})
-    if stages.STAGES["prompt"].queue not in consumed:
+    if "prompt_filter" not in loads_for(consumed):  # the rows that declare it (imagegen/stage_table.py)
         return
     from safety.prompt_filter import get_prompt_filter
 
