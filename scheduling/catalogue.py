@@ -115,8 +115,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         batch_caps={str(k): max(1, int(v)) for k, v in dict(prof.get("batch_caps", {})).items()},
         fill_wait=float(prof["fill_wait"]) if prof.get("fill_wait") is not None else None,
         negative_prompt=bool(prof.get("negative_prompt", True)),
-        degrade_steps=max(min_steps, min(max_steps, int(prof.get("degrade_steps") or settings.IMAGEGEN_DEGRADE_STEPS)))
-        if prof.get("degrade_steps") or min_steps > settings.IMAGEGEN_MIN_STEPS else 0,
+        degrade_steps=max(min_steps, min(max_steps, int(prof["degrade_steps"]))) if prof.get("degrade_steps") else 0,
         steer=bool(prof.get("steer", True)),
         min_steps=min_steps,
         student=str(prof.get("student", "")),

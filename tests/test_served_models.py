@@ -249,6 +249,7 @@ def test_fewer_steps_than_a_models_floor_is_a_400_naming_the_floor_and_its_stude
     stars and hearts) refuses fewer steps with a 400 that names the floor and the few-step
     student to ask for instead; a tier's, the default and the degraded steps never go below it."""
     from jobs.api.openai.compat import steps_for
+    from jobs.pipeline.submit import _degrade_steps
 
     profile = json.loads((fast_model / "serving.json").read_text())
     (fast_model / "serving.json").write_text(json.dumps({
@@ -258,7 +259,7 @@ def test_fewer_steps_than_a_models_floor_is_a_400_naming_the_floor_and_its_stude
     catalogue._catalogue.cache_clear()
     try:
         fast = catalogue.get(FAST)
-        assert (fast.min_steps, fast.default_steps, fast.degrade_steps) == (4, 4, 4)  # raised to the floor
+        assert (fast.min_steps, fast.default_steps, _degrade_steps(FAST)) == (4, 4, 4)  # raised to the floor
         assert fast.as_json()["min_steps"] == 4
         assert [steps_for(tier, FAST) for tier in ("low", "medium", "high")] == [4, 4, 8]
         refused = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "model": FAST, "steps": 3}, format="json")

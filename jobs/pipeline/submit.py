@@ -105,6 +105,7 @@ def _integration_fields(data: dict) -> dict:
 
 
 def _degrade_steps(version: str) -> int:
-    """What an allow_degrade job on this model is lowered to (its serving.json; 0: the setting)."""
+    """What an allow_degrade job on this model is lowered to: its serving.json's, else the
+    setting, never below the model's floor (0: the setting, for a version not served)."""
     served = catalogue.get(version)
-    return served.degrade_steps if served is not None else 0
+    return max(served.min_steps, served.degrade_steps or settings.IMAGEGEN_DEGRADE_STEPS) if served is not None else 0
