@@ -395,8 +395,7 @@ class Runner:
         encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
         encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
         try:
-            # The project's one bounded storage retry (jobs/media/storage.py: IMAGEGEN_UPLOAD_ATTEMPTS
-            # with backoff, on top of botocore's own).
+            # Written once; on S3 botocore retries transient errors itself (IMAGEGEN_UPLOAD_ATTEMPTS).
             stored = store_quarantined(encoded.data, encoded.extension)
         except Exception as exc:
             if not is_transient(exc):

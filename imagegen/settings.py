@@ -565,9 +565,10 @@ IMAGEGEN_S3_QUARANTINE_BUCKET = env_str("IMAGEGEN_S3_QUARANTINE_BUCKET", "")
 IMAGEGEN_S3_QUARANTINE_PREFIX = env_str("IMAGEGEN_S3_QUARANTINE_PREFIX", "" if IMAGEGEN_S3_QUARANTINE_BUCKET else "quarantine/")
 IMAGEGEN_S3_PRESIGN_SECONDS = env_int("IMAGEGEN_S3_PRESIGN_SECONDS", 300)  # staff links to private objects
 IMAGEGEN_S3_COLD_STORAGE_CLASS = env_str("IMAGEGEN_S3_COLD_STORAGE_CLASS", "STANDARD_IA")  # or GLACIER_IR, ...
-# store_bytes retries transient storage errors this many times in all, backing off exponentially.
+# Tries per S3 request on transient errors, in all (botocore's adaptive retry mode: exponential
+# backoff with jitter, and slower sending while the store throttles). The project adds no loop of
+# its own: past them a Celery stage retries through its row, and a GPU hand-off puts the job back.
 IMAGEGEN_UPLOAD_ATTEMPTS = env_int("IMAGEGEN_UPLOAD_ATTEMPTS", 4)
-IMAGEGEN_UPLOAD_BACKOFF = env_float("IMAGEGEN_UPLOAD_BACKOFF", 0.2)  # seconds before the first retry; doubles
 # The GPU worker's hand-off: images are encoded and written to quarantine off the denoising
 # thread, by this many encoder threads, with at most HANDOFF_DEPTH denoised batches waiting
 # (the denoising thread waits beyond that, so memory stays flat when storage is slow).
@@ -608,17 +609,18 @@ def s3_storages(
     quarantine_prefix: str = "quarantine/",
     presign_seconds: int = 300,
     cache_control: str = IMAGE_CACHE_CONTROL,
+    attempts: int = 4,
 ) -> dict:
     """The "default" (public images) and "quarantine" (private) entries of STORAGES for a bucket.
     A function so the tests build exactly what a deployment gets."""
     from botocore.config import Config
 
     def config():
-        # botocore retries a little itself (adaptive: it also slows down when the store throttles);
-        # jobs.media.storage._retrying adds the one bounded backoff on top.
+        # botocore's retries are the only ones at this level (adaptive: it also slows down when
+        # the store throttles); `attempts` counts the first try.
         return Config(
             s3={"addressing_style": addressing_style},
-            retries={"max_attempts": 2, "mode": "adaptive"},
+            retries={"total_max_attempts": max(1, attempts), "mode": "adaptive"},
             connect_timeout=5,
             read_timeout=30,
         )
@@ -676,6 +678,7 @@ if IMAGEGEN_S3_BUCKET:
             quarantine_bucket=IMAGEGEN_S3_QUARANTINE_BUCKET,
             quarantine_prefix=IMAGEGEN_S3_QUARANTINE_PREFIX,
             presign_seconds=IMAGEGEN_S3_PRESIGN_SECONDS,
+            attempts=IMAGEGEN_UPLOAD_ATTEMPTS,
         )
     )
     MEDIA_URL = (

@@ -52,6 +52,10 @@ class Stage:
     # What a worker consuming its queue loads before its first task (LOADS: the prompt filter, the
     # rewriter, the lane's model, the image gate), so no task waits for a load.
     loads: tuple[str, ...] = ()
+    # The human-review holds that can happen at this stage: the checks run here whose verdict can
+    # hold a job for a moderator, by the name the verdicts and the job's `blocked_stage` carry (a
+    # block at the same check carries the same name). Nothing may hold a job under another name.
+    holds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not set(self.loads) <= set(LOADS):
@@ -86,7 +90,8 @@ STAGES: dict[str, Stage] = {
     stage.name: stage
     for stage in (
         Stage("prompt", "jobs.pipeline.tasks.check_prompt", "QUEUE_CPU", next="generate", process="cpu",
-              resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", loads=("prompt_filter",)),
+              resend_setting="IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", loads=("prompt_filter",),
+              holds=("prompt", "rewrite")),  # the prompt as written, and a rewrite that changed it
         # Per job, batched across users: a worker claims every waiting job (jobs/actions/rewrites.py).
         Stage("rewrite", "gpu_tasks.tasks.rewrite_prompts", "QUEUE_REWRITE", next="generate",
               describes="rewriting the prompt", reject_on_worker_lost=True, process="gpu",
@@ -100,7 +105,8 @@ STAGES: dict[str, Stage] = {
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
               reject_on_worker_lost=True, process="classify",
-              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("image_gate",)),
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("image_gate",),
+              holds=("image",)),
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
               retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
               reject_on_worker_lost=True, process="io",
@@ -190,6 +196,25 @@ def loads_for(queues) -> list[str]:
     """What a worker consuming `queues` loads before its first task, in LOADS' order."""
     wanted = {load for stage in consumed_stages(queues) for load in stage.loads}
     return [load for load in LOADS if load in wanted]
+
+
+def hold(name: str) -> str:
+    """`name` when a row declares that human-review hold (the actions call this where they hold a
+    job), else LookupError: a hold no row declares cannot happen."""
+    if not any(name in stage.holds for stage in STAGES.values()):
+        raise LookupError(f"no stage declares the review hold {name!r} (imagegen/stage_table.py `holds`)")
+    return name
+
+
+def holds_before(stage: str) -> tuple[str, ...]:
+    """The holds of the rows before `stage` in the table: for "generate", what can hold (or
+    block) a job before any GPU time is spent on it (the prompt checks)."""
+    out: list[str] = []
+    for row in STAGES.values():
+        if row.name == stage:
+            return tuple(out)
+        out.extend(row.holds)
+    raise LookupError(f"no stage {stage!r}")
 
 
 def routed_queues() -> set[str]:

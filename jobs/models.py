@@ -90,10 +90,23 @@ def _stage_matches_status() -> models.Q:
 
 
 class BatchStage(models.TextChoices):
+    """The shipped batch stages, by name for the code that moves a batch; the field's choices are
+    `batch_stages` (the stage table's leased rows), so a batch stage added as a row needs no
+    value here and no migration."""
+
     GENERATE = "generate"  # taken and claimed; denoising on a GPU worker
     CLASSIFY = "classify"  # images in quarantine; waiting for / in the image gate
     PUBLISH = "publish"  # verdicts recorded; waiting for / in the publish stage
     DONE = "done"
+
+
+def batch_stages() -> list[tuple[str, str]]:
+    """Batch.stage's choices: generate, each leased stage of the stage table in its order, done
+    (a callable: migrations keep the reference, not the list)."""
+    from imagegen.stage_table import STAGES
+
+    leased = [(row.name, row.name) for row in STAGES.values() if row.leased]
+    return [(BatchStage.GENERATE.value, BatchStage.GENERATE.label), *leased, (BatchStage.DONE.value, BatchStage.DONE.label)]
 
 
 class Batch(models.Model):
@@ -116,7 +129,7 @@ class Batch(models.Model):
     started_at = models.DateTimeField(auto_now_add=True, help_text="taken from the scheduler")
     pass_started_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call began")
     finished_at = models.DateTimeField(null=True, blank=True, help_text="the pipeline call ended")
-    stage = models.CharField(max_length=16, choices=BatchStage.choices, default=BatchStage.GENERATE, db_index=True)
+    stage = models.CharField(max_length=16, choices=batch_stages, default=BatchStage.GENERATE, db_index=True)
     stage_attempts = models.PositiveSmallIntegerField(default=0, help_text="runs of this stage whose worker was lost")
     # The stage's lease (jobs/pipeline/stages.py): a batch waiting in its stage's queue holds
     # none (stage_started_at and lease_expires_at empty); a worker that starts the stage takes it

@@ -430,6 +430,8 @@ def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recover
     long_ago = timezone.now() - timedelta(days=1)
     shape = {"model_version": "tiny-random", "width": 64, "height": 64, "steps": 2, "guidance_scale": 5.0,
              "size": 1, "cap": 1, "lane": "shapes", "stage": "watermark"}
+    # The batch's stage choices are the table's (no BatchStage value, no migration): the admin names it.
+    assert "watermark" in dict(Batch._meta.get_field("stage").flatchoices)
     lost_message = Batch.objects.create(**shape, stage_sent_at=long_ago)
     killed_worker = Batch.objects.create(**shape, stage_sent_at=long_ago, stage_started_at=long_ago,
                                          stage_run="the-killed-run", lease_expires_at=long_ago)

@@ -305,3 +305,63 @@ def test_a_worker_loads_before_its_first_task_what_the_rows_of_its_queues_declar
     assert checked == [True]
     with pytest.raises(ValueError, match="not one of"):
         dataclasses.replace(rows["publish"], loads=("the-moon",))
+
+
+def test_a_job_is_held_for_review_only_where_a_row_declares_that_hold(alice, monkeypatch, settings):
+    """Each row declares which human-review hold can happen at its stage (issue 43, item 3): the
+    prompt check holds the prompt as written and a changed rewrite, classify the images. Holding a
+    job under a name no row declares raises and moves nothing; what counts as "stopped before
+    generation" (the deadline's reach, the OpenAI answer's `input`) is read from the rows."""
+    import dataclasses
+
+    from imagegen import stage_table
+    from jobs.api.openai.compat import stopped_at_input
+
+    rows = stage_table.STAGES
+    assert {name: row.holds for name, row in rows.items() if row.holds} == {
+        "prompt": ("prompt", "rewrite"), "classify": ("image",)}
+    assert stage_table.holds_before("generate") == ("prompt", "rewrite")
+    settings.IMAGEGEN_USER_MAX_IN_REVIEW = 10
+    job = _job(alice)
+    before = _snapshot(job.id)
+    with pytest.raises(LookupError, match="watermark"):
+        actions.hold_for_review(_as_sent(str(job.id)), "watermark", "looks odd")
+    assert _snapshot(job.id) == before
+    assert actions.hold_for_review(_as_sent(str(job.id)), "prompt", "a heart")
+    held = GenerationJob.objects.get(id=job.id)
+    assert (held.stage, held.blocked_stage) == (JobStage.REVIEW, "prompt") and stopped_at_input(held)
+    # A stage that declares a hold of its own can hold a job under it, and one declared before
+    # generation counts as stopped at the input.
+    monkeypatch.setitem(rows, "rewrite", dataclasses.replace(rows["rewrite"], holds=("watermark",)))
+    assert stage_table.holds_before("generate") == ("prompt", "rewrite", "watermark")
+    other = _job(alice)
+    assert actions.hold_for_review(str(other.id), "watermark", "looks odd")
+    assert stopped_at_input(GenerationJob.objects.get(id=other.id))
+
+
+def test_a_batch_stage_put_after_classify_by_its_row_takes_the_batch_and_passes_it_on(alice, monkeypatch):
+    """Issue 43, item 6: a batch stage between classify and publish is its row (classify's `next`
+    names it, its own `next` names publish) and its function; the verdicts move the batch to it,
+    and `pass_on` moves it on to publish, once: no move of its own in jobs/actions."""
+    import dataclasses
+
+    from imagegen import stage_table
+
+    rows = stage_table.STAGES
+    monkeypatch.setitem(rows, "watermark", stage_table.Stage(
+        "watermark", "tests.stages.watermark", "QUEUE_IO", next="publish", leased=True, process="io",
+        lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS"))
+    monkeypatch.setitem(rows, "classify", dataclasses.replace(rows["classify"], next="watermark"))
+    batch = Batch.objects.create(model_version="tiny-random", width=64, height=64, steps=2, guidance_scale=5.0,
+                                 size=1, cap=1, stage=BatchStage.CLASSIFY)
+    job = _job(alice, JobStage.CLASSIFY, batch=batch, attempts=1)
+    run = actions.start_stage(_as_sent(str(batch.id)), "classify")
+    assert actions.record_verdicts(str(batch.id), run, [])
+    assert Batch.objects.get(id=batch.id).stage == "watermark"
+    assert GenerationJob.objects.get(id=job.id).stage == JobStage.PUBLISH  # its jobs wait for publish
+    watermarking = actions.start_stage(_as_sent(str(batch.id)), "watermark")
+    assert watermarking and actions.start_stage(str(batch.id), "watermark") is None  # a duplicate finds it held
+    assert actions.pass_on(_as_sent(str(batch.id)), "watermark", watermarking)
+    assert not actions.pass_on(str(batch.id), "watermark", watermarking)  # a stale or repeated run moves nothing
+    moved = Batch.objects.get(id=batch.id)
+    assert (moved.stage, moved.stage_run, moved.lease_expires_at) == (BatchStage.PUBLISH, "", None)

@@ -128,13 +128,14 @@ def test_a_failing_classifier_under_load_never_delivers_an_unchecked_image(worke
     assert result["rows_without_bytes"] == 0
 
 
-def test_failing_quarantine_writes_are_retried_boundedly_then_requeued_and_never_leave_a_row_without_bytes(alice, tmp_path):
+def test_failing_quarantine_writes_send_the_job_back_to_the_queue_and_never_leave_a_row_without_bytes(alice, tmp_path):
     result = rel.scenario_storage(alice, tmp_path)
     for case in result["detail"]:
         assert case["status"] == case["expected"], case
         assert case["rows_without_bytes"] == 0, case
         assert case["rows"] == (case["count"] if case["expected"] == "handed off" else 0), case
-    assert result["detail"][0]["save_calls"] == 4  # two failures, then two images
+    assert result["detail"][0]["save_calls"] == 2  # each image written once: no retry loop at this level
+    assert result["detail"][1]["save_calls"] <= 2  # a transient error is not retried here: the job is made again
 
 
 def test_a_job_the_reaper_requeues_right_after_a_failed_hand_off_counts_as_back_in_the_queue(alice, tmp_path):

@@ -224,30 +224,81 @@ def client_error(code: str, status: int):
     return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
 
 
-@override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=4, IMAGEGEN_UPLOAD_BACKOFF=0.01)
-def test_store_bytes_retries_transient_errors_a_bounded_number_of_times(tmp_path):
-    from botocore.exceptions import EndpointConnectionError
-
+def test_store_bytes_writes_once_and_leaves_nothing_behind_when_it_fails(tmp_path):
+    """No retry loop of the project's own (issue 43): a failed write is raised at once, with no
+    half-written object under the key; retrying is botocore's (S3) or the stage's (Celery)."""
     from jobs.media.storage import store_bytes
 
-    flaky = FlakyStorage([OSError("disk hiccup"), client_error("SlowDown", 503),
-                          EndpointConnectionError(endpoint_url="http://x")], location=tmp_path)
+    flaky = FlakyStorage([OSError("disk hiccup")], location=tmp_path)
+    with pytest.raises(OSError, match="disk hiccup"):
+        store_bytes(b"data", flaky)
+    assert flaky.calls == 1
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()], "no half-written leftovers"
     obj = store_bytes(b"data", flaky)
-    assert flaky.calls == 4 and (tmp_path / obj.key).read_bytes() == b"data"
-    assert sorted(p.name for p in (tmp_path / "i").iterdir()) == [obj.key[2:]], "no half-written leftovers"
-
-    refused = FlakyStorage([client_error("AccessDenied", 403)], location=tmp_path)
-    with pytest.raises(Exception, match="AccessDenied"):
-        store_bytes(b"data", refused)
-    assert refused.calls == 1, "a refusal is not retried"
-
-    down = FlakyStorage([client_error("InternalError", 500)] * 10, location=tmp_path)
-    with pytest.raises(Exception, match="InternalError"):
-        store_bytes(b"data", down)
-    assert down.calls == 4
+    assert flaky.calls == 2 and (tmp_path / obj.key).read_bytes() == b"data"
 
 
-@override_settings(IMAGEGEN_UPLOAD_ATTEMPTS=2, IMAGEGEN_UPLOAD_BACKOFF=0.01)
+class _ThrottlingS3(http.server.ThreadingHTTPServer):
+    """An S3 endpoint on loopback that answers each PUT from a script (HTTP status, S3 error code),
+    then 200: what a throttling or failing store says, which SeaweedFS cannot be made to say."""
+
+    def __init__(self, script: list[tuple[int, str]]):
+        self.script, self.puts = list(script), 0
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_PUT(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                server.puts += 1
+                status, code = server.script.pop(0) if server.script else (200, "")
+                body = b"" if status == 200 else (
+                    f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode())
+                self.send_response(status)
+                self.send_header("ETag", '"0123456789abcdef0123456789abcdef"')
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def storage(self, attempts: int):
+        from django.core.files.storage import storages
+
+        from imagegen.settings import s3_storages
+
+        entries = s3_storages("bucket", endpoint_url=f"http://127.0.0.1:{self.server_address[1]}", access_key="a",
+                              secret_key="b", addressing_style="path", attempts=attempts)
+        with override_settings(STORAGES={**settings.STORAGES, **entries}):
+            return storages.create_storage(entries["default"])
+
+
+@pytest.mark.integration  # a socket of its own
+@pytest.mark.parametrize("script, attempts, stored, puts", [
+    ([(503, "SlowDown"), (500, "InternalError")], 3, True, 3),  # transient twice, then stored: botocore's retries
+    ([(503, "SlowDown")] * 5, 3, False, 3),  # still failing after the bounded attempts: raised
+    ([(403, "AccessDenied")], 3, False, 1),  # a refusal is not retried
+])
+def test_transient_s3_errors_are_retried_by_botocore_a_bounded_number_of_times(script, attempts, stored, puts):
+    from jobs.media.storage import store_bytes
+
+    server = _ThrottlingS3(script)
+    try:
+        storage = server.storage(attempts)
+        if stored:
+            assert store_bytes(b"data", storage).byte_size == 4
+        else:
+            with pytest.raises(Exception, match=script[0][1]):
+                store_bytes(b"data", storage)
+        assert server.puts == puts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.integration  # starts a process or opens a socket of its own
 def test_an_unreachable_bucket_fails_after_the_bounded_retries():
     from botocore.exceptions import EndpointConnectionError
@@ -258,7 +309,7 @@ def test_an_unreachable_bucket_fails_after_the_bounded_retries():
     from tests.s3_server import _free_ports
 
     dead = s3_storages("nowhere", endpoint_url=f"http://127.0.0.1:{_free_ports(1)[0]}", access_key="a", secret_key="b",
-                       addressing_style="path")
+                       addressing_style="path", attempts=2)
     with override_settings(STORAGES={**settings.STORAGES, **dead}):
         started = time.monotonic()
         with pytest.raises(EndpointConnectionError):

@@ -73,6 +73,7 @@ from jobs.actions.stages import (
     end_stage_lease,
     give_up_stage,
     observe_stage_seconds,
+    pass_on,
     queue_ages,
     release_stage,
     renew_stage,
@@ -91,5 +92,5 @@ __all__ = [
     "move_queued", "purge_deleted", "rebuild_scheduler_state", "record_verdicts", "reject", "reject_delivered", "renew_leases",
     "requeue_expired", "requeue_stuck_batches", "end_stage_lease", "give_up_stage", "observe_stage_seconds",
     "claim_rewrites", "fail_rewrite", "release_rewrites", "save_rewrite", "wake_rewriter",
-    "queue_ages", "release_stage", "renew_stage", "stage_waited", "start_stage", "return_to_queue_now", "review_queue", "shape_of", "take_down",
+    "pass_on", "queue_ages", "release_stage", "renew_stage", "stage_waited", "start_stage", "return_to_queue_now", "review_queue", "shape_of", "take_down",
 ]

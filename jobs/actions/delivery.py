@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from imagegen import metrics
+from imagegen.stage_table import STAGES
 from jobs.actions.notify import status_on_commit
 from jobs.actions.stages import enter_stage
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStage, JobStatus, at
@@ -88,7 +89,8 @@ def live_images(batch: Batch) -> list[GeneratedImage]:
 
 def record_verdicts(batch_id, run: str, verdicts: list, gate_error: str = "") -> bool:
     """The image gate's answer for the batch (one SafetyVerdict per image), or the reason it
-    could not judge: classify -> publish, once, and only by the run holding the stage."""
+    could not judge: classify -> its row's next stage (publish), once, and only by the run
+    holding the stage."""
     from safety.models import SafetyVerdict
 
     with transaction.atomic():
@@ -100,7 +102,9 @@ def record_verdicts(batch_id, run: str, verdicts: list, gate_error: str = "") ->
         else:
             SafetyVerdict.objects.bulk_create(verdicts)
             metrics.count_verdicts(verdicts)
-        Batch.objects.filter(id=batch_id).update(**enter_stage(BatchStage.PUBLISH, timezone.now()), gate_error=locked.gate_error)
+        # On to the stage after classify in the table (publish, or a stage a row puts between them).
+        following = STAGES[BatchStage.CLASSIFY].next or BatchStage.PUBLISH
+        Batch.objects.filter(id=batch_id).update(**enter_stage(following, timezone.now()), gate_error=locked.gate_error)
         GenerationJob.objects.filter(batch_id=batch_id, stage=JobStage.CLASSIFY).update(**at(JobStage.PUBLISH))
     return True
 

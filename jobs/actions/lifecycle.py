@@ -227,7 +227,7 @@ def cancel_past_deadline(now=None, limit: int = 500) -> int:
     (jobs/access/usage.py charges at claim), and its reservation ends with it."""
     now = now or timezone.now()
     cancelled = 0
-    unclaimed = Q(stage__in=QUEUED_STAGES) | Q(stage=JobStage.REVIEW, blocked_stage__in=("prompt", "rewrite"))
+    unclaimed = Q(stage__in=QUEUED_STAGES) | Q(stage=JobStage.REVIEW, blocked_stage__in=stage_table.holds_before("generate"))
     for job in GenerationJob.objects.filter(unclaimed, deadline_at__lt=now)[:limit]:
         if move(job.id, job.stage, JobStage.CANCELLED, finished_at=now, reason=DEADLINE_REASON):
             cancelled += 1
@@ -259,7 +259,9 @@ def fail_unstarted(job_id, reason: str, from_stages=(*QUEUED_STAGES, JobStage.RE
 def hold_for_review(job_id, stage: str, reason: str, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK)) -> bool:
     """Hold the job for a moderator; a prompt whose owner already has
     IMAGEGEN_USER_MAX_IN_REVIEW cases in the queue is blocked instead (one user must not fill
-    the moderators' queue). Returns whether it was held."""
+    the moderators' queue). `stage`: the hold, as the stage table declares it. Returns whether
+    it was held."""
+    stage = stage_table.hold(stage)
     with transaction.atomic():
         owner_id = GenerationJob.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
         if owner_id is None:
@@ -267,7 +269,7 @@ def hold_for_review(job_id, stage: str, reason: str, from_stages=(JobStage.PROMP
         usage.lock_user(owner_id)
         held = usage.review_cases(owner_id)
         limit = settings.IMAGEGEN_USER_MAX_IN_REVIEW
-        if stage in ("prompt", "rewrite") and held >= limit:
+        if held >= limit:
             block_job(job_id, stage, (
                 f"{reason} (it would be held for review, but {held} of your jobs already wait for a moderator; "
                 f"the limit is {limit})"

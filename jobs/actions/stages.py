@@ -2,6 +2,7 @@
 it runs, ended when the stage moves on. A batch waiting in its stage's queue holds no lease.
 
     start_stage       queued -> held by one run (a compare-and-set: a duplicate finds it held)
+    pass_on           the run's work is done: the batch enters its row's next stage
     renew_stage       the run is alive
     release_stage     storage away: back to the queue, to be retried (not an interruption)
     end_stage_lease   the run failed: its lease ends now, the reaper re-runs it (an attempt)
@@ -45,6 +46,17 @@ def enter_stage(stage: str, now: datetime) -> dict:
     """The fields of a batch that has just entered `stage` and waits in its queue."""
     return {"stage": stage, "stage_attempts": 0, "stage_since": now, "stage_sent_at": now, "stage_started_at": None,
             "stage_run": "", "stage_error": "", "lease_expires_at": None}
+
+
+def pass_on(batch_id, stage: str, run: str) -> bool:
+    """The run holding `stage` has done its work: the batch enters the next stage its row
+    declares, waiting in that stage's queue (a compare-and-set from (stage, run): a duplicate or
+    stale run moves nothing). A batch stage added as a row ends with this, so its move is the
+    table's, not a function of its own."""
+    following = STAGES[stage].next
+    if following is None:
+        raise LookupError(f"the {stage} stage declares no next stage")
+    return bool(Batch.objects.filter(id=batch_id, stage=stage, stage_run=run).update(**enter_stage(following, timezone.now())))
 
 
 def start_stage(batch_id, stage: str) -> str | None:

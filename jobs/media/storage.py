@@ -14,10 +14,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
 import secrets
 import shutil
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -102,43 +100,19 @@ def store_quarantined(data: bytes, extension: str = "png") -> StoredObject:
 
 
 def store_bytes(data: bytes, storage: Storage, key: str | None = None) -> StoredObject:
-    """Upload under a new immutable key. Transient errors are retried with exponential backoff
-    (IMAGEGEN_UPLOAD_ATTEMPTS in all, from IMAGEGEN_UPLOAD_BACKOFF seconds, with jitter); then
-    the last error is raised. The caller creates rows only after this returns, so there is
-    never a row without bytes."""
+    """Upload under a new immutable key, once: on S3 botocore retries transient errors itself
+    (adaptive mode, IMAGEGEN_UPLOAD_ATTEMPTS in all: imagegen/settings.py); past that, or on any
+    other error, the error is raised with nothing left under the key, and the caller's stage
+    decides (the GPU hand-off puts the job back in its queue; a Celery stage retries through its
+    row's retry options). The caller creates rows only after this returns, so there is never a
+    row without bytes."""
     key = key or new_image_key()
-    attempts = max(1, int(getattr(settings, "IMAGEGEN_UPLOAD_ATTEMPTS", 4)))
-    backoff = float(getattr(settings, "IMAGEGEN_UPLOAD_BACKOFF", 0.2))
-    for attempt in range(1, attempts + 1):
-        try:
-            saved = storage.save(key, ContentFile(data))
-            break
-        except Exception as exc:
-            if attempt >= attempts or not is_transient(exc):
-                delete_quietly(key, storage)  # never leave a half-written object behind
-                raise
-            delay = backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            log.warning("upload of %s failed (%s: %s), attempt %d of %d; retrying in %.2fs",
-                        key, type(exc).__name__, exc, attempt, attempts, delay)
-            # A half-written local file would make the next save pick another name: drop it.
-            if isinstance(exc, OSError):
-                delete_quietly(key, storage)
-            time.sleep(delay)
+    try:
+        saved = storage.save(key, ContentFile(data))
+    except Exception:
+        delete_quietly(key, storage)  # never leave a half-written object behind
+        raise
     return StoredObject(key=saved, sha256=hashlib.sha256(data).hexdigest(), byte_size=len(data))
-
-
-def _retrying(what: str, operation):
-    attempts = max(1, int(settings.IMAGEGEN_UPLOAD_ATTEMPTS))
-    for attempt in range(1, attempts + 1):
-        try:
-            return operation()
-        except Exception as exc:
-            if attempt >= attempts or not is_transient(exc):
-                raise
-            delay = settings.IMAGEGEN_UPLOAD_BACKOFF * (2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            log.warning("%s failed (%s: %s), attempt %d of %d; retrying in %.2fs",
-                        what, type(exc).__name__, exc, attempt, attempts, delay)
-            time.sleep(delay)
 
 
 def _copy(key: str, source: Any, target: Any) -> None:
@@ -173,7 +147,7 @@ def publish_object(key: str) -> None:
     copy is deleted. Idempotent: a repeat after a crash finds the public copy and finishes."""
     public, private = public_storage(), quarantine_storage()
     if private.exists(key):
-        _retrying(f"publishing {key}", lambda: _copy(key, private, public))
+        _copy(key, private, public)  # a transient error: the publish stage retries (its row)
         delete_quietly(key, private)
     elif not public.exists(key):
         raise FileNotFoundError(f"{key} is in neither quarantine nor public storage")
@@ -194,7 +168,7 @@ def _keep_private_copy(key: str, public) -> None:
     private = quarantine_storage()
     if public.exists(key) and not private.exists(key):
         try:
-            _retrying(f"keeping a private copy of {key}", lambda: _copy(key, public, private))
+            _copy(key, public, private)
         except Exception:
             log.warning("could not keep a private copy of %s", key, exc_info=True)
 

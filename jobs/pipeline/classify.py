@@ -20,9 +20,6 @@ from safety import image_gate
 
 log = logging.getLogger(__name__)
 
-GATE_TRIES = 3
-
-
 def _load(key: str) -> Image.Image:
     with quarantine_storage().open(key, "rb") as f:
         image = Image.open(f)
@@ -31,14 +28,15 @@ def _load(key: str) -> Image.Image:
 
 
 def _judge(images: list[Image.Image]) -> tuple[list | None, str]:
-    last = ""
-    for attempt in range(GATE_TRIES):
-        try:
-            return image_gate.judge(images), ""
-        except image_gate.ImageGateError as exc:
-            last = str(exc)
-            log.warning("image gate attempt %s failed: %s", attempt + 1, exc)
-    return None, last
+    """The gate's judgements, or None and why: tried once. Its errors are a broken setting, a
+    malformed answer or a timeout (whose run cannot be stopped: a second try at once would run
+    beside it), so the batch fails closed now; storage errors reading the images are the
+    stage's to retry (its row's retry options)."""
+    try:
+        return image_gate.judge(images), ""
+    except image_gate.ImageGateError as exc:
+        log.warning("the image gate failed: %s", exc)
+        return None, str(exc)
 
 
 def classify(batch_id: str) -> bool:

@@ -15,7 +15,7 @@ from collections import defaultdict
 
 from django.utils import timezone
 
-from imagegen import metrics
+from imagegen import metrics, stage_table
 from jobs import actions
 from jobs.media import cache
 from jobs.media.storage import delete_quietly, publish_object, quarantine_storage, unpublish_object
@@ -37,7 +37,7 @@ def _outcome(job: GenerationJob, images: list[GeneratedImage], verdicts: dict, g
     for decision, status in (("block", JobStatus.BLOCKED), ("review", JobStatus.REVIEW)):
         worst = next((v for v in judged if v.decision == decision), None)
         if worst is not None:
-            return actions.Outcome(str(job.id), job.attempts, status, "image", worst.reason)
+            return actions.Outcome(str(job.id), job.attempts, status, stage_table.hold("image"), worst.reason)
     return actions.Outcome(str(job.id), job.attempts, JobStatus.DONE, "", "")
 
 

@@ -27,6 +27,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
+from imagegen import stage_table
 from jobs.media.encoding import OUTPUT_FORMATS
 
 _TIER_OF = {"low": "low", "medium": "medium", "standard": "medium", "high": "high", "hd": "high"}
@@ -132,10 +133,16 @@ def response_fields(job) -> dict:
     return {"output_format": job.output_format, "size": f"{job.width}x{job.height}", "background": "opaque"}
 
 
+def stopped_at_input(job) -> bool:
+    """The job was blocked or held at a check before generation (the prompt, or its rewrite: the
+    holds the stage table declares before the generate stage), not at its images."""
+    return job.blocked_stage in stage_table.holds_before("generate")
+
+
 def moderation_details(job) -> dict:
     """Where a refused job was stopped (`input`: the prompt; `output`: an image) and the
     policy's categories that stopped it."""
-    stage = "input" if job.blocked_stage in ("prompt", "rewrite") else "output"
+    stage = "input" if stopped_at_input(job) else "output"
     categories = sorted(
         {c for c in job.verdicts.filter(decision__in=["block", "review"]).values_list("category", flat=True) if c}
     )

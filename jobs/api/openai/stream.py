@@ -42,7 +42,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import StreamingHttpResponse
 
-from jobs.api.openai.compat import event_quality, moderation_details
+from jobs.api.openai.compat import event_quality, moderation_details, stopped_at_input
 from jobs.media import encoding
 from jobs.realtime.state import TERMINAL, EventOrder, current_events, job_hub
 
@@ -139,13 +139,13 @@ def _refusal(job_id: str, status: str) -> dict:
         return error_event(
             f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
             f"(job {job.id}; an appeal is possible through the native API).",
-            "invalid_request_error", "moderation_blocked", "prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
+            "invalid_request_error", "moderation_blocked", "prompt" if stopped_at_input(job) else None,
             moderation_details=moderation_details(job),
         )
     if job.status == "review":
         return error_event(
             f"Your request is held for review by a moderator: {job.reason}. Job {job.id}; follow it with {follow}.",
-            "invalid_request_error", "content_policy_review", "prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
+            "invalid_request_error", "content_policy_review", "prompt" if stopped_at_input(job) else None,
         )
     if job.status == "failed":
         return error_event(f"Image generation failed: {job.reason} (job {job.id}).", "server_error", "generation_failed")

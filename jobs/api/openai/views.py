@@ -342,7 +342,7 @@ def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
             400,
             f"Your request was rejected by the safety system ({job.blocked_stage or 'policy'}): {job.reason} "
             f"(job {job.id}; an appeal is possible through the native API).",
-            param="prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
+            param="prompt" if openai_compat.stopped_at_input(job) else None,
             code="moderation_blocked",
             extra={"moderation_details": openai_compat.moderation_details(job)},
         )
@@ -351,7 +351,7 @@ def _outcome(request, pending: _Pending, job: GenerationJob | None) -> dict:
             400,
             f"Your request is held for review by a moderator: {job.reason}. Job {job.id}; follow it with "
             f"{_native_urls(job.id)}.",
-            param="prompt" if job.blocked_stage in ("prompt", "rewrite") else None,
+            param="prompt" if openai_compat.stopped_at_input(job) else None,
             code="content_policy_review",
         )
     if job.status == JobStatus.FAILED:
