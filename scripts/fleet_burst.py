@@ -135,9 +135,11 @@ class Run:
 
     def _dropped(self, w: dict) -> None:
         """The stream ended before the terminal status: an outage until the next connection's
-        first event (the current state, sent first)."""
+        first event (the current state, sent first). A reconnect that fails too (the balancer
+        still sending it to the dead host) is the same outage, not a new one."""
         w["reconnects"] += 1
-        w["outages"].append([time.time(), None])
+        if not (w["outages"] and w["outages"][-1][1] is None):
+            w["outages"].append([time.time(), None])
 
     def _event(self, w: dict, event: dict) -> bool:
         if w["outages"] and w["outages"][-1][1] is None:
@@ -532,6 +534,8 @@ class Run:
             hit = [o for w in watched for o in w["outages"] if killed_at <= o[0] <= killed_at + window]
             fault["streams_dropped"] = len(hit)
             fault["to_streams_back_s"] = (max(o[1] - killed_at for o in hit) if hit and all(o[1] for o in hit) else None)
+            fault["streams_not_back"] = [[round(o[0] - killed_at, 2), w["kind"], w["reconnects"], len(w["terminal"])]
+                                         for w in watched for o in w["outages"] if o in hit and not o[1]]
             failed = [o for o in self.submit_outages if killed_at - 1 <= o[0] <= killed_at + window]
             fault["submits_failed"] = len(failed)
             fault["to_submits_back_s"] = max((o[1] - killed_at for o in failed if o[1]), default=None)

@@ -68,7 +68,9 @@ if os.environ.get("IMAGEGEN_TEST_PREPARED") != _WHO:
     os.environ.setdefault("IMAGEGEN_MODEL_VERSION", "tiny-random")
     # A real gate over a scripted classifier: tests switch it to raise, hang, block, ... at will.
     os.environ.setdefault("IMAGEGEN_IMAGE_CLASSIFIER", "python:tests.fake_classifiers:Scripted")
-    os.environ.setdefault("IMAGEGEN_CLASSIFIER_TIMEOUT", "2")
+    # Long enough for a real classifier (NudeNet, the shapes classifier) on a loaded 2-core
+    # machine: a timeout is tested where a test sets its own (tests/test_image_gate_failclosed.py).
+    os.environ.setdefault("IMAGEGEN_CLASSIFIER_TIMEOUT", "60")
     os.environ.setdefault("IMAGEGEN_CDN_PURGE_HOOK", "tests.fake_classifiers:record_purge")
     os.environ.setdefault("IMAGEGEN_DEFAULT_STEPS", "4")
     os.environ.setdefault("IMAGEGEN_METRICS_CACHE_SECONDS", "0")  # scrapes see each test's rows at once

@@ -84,7 +84,8 @@ def test_the_faults_all_happened(fleet_run):
     if faults["kill classify"]["batches_at_gate"]:
         assert faults["kill classify"]["to_classified_s"] is not None, "the batches at the killed gate were never classified"
     if "kill web1" in faults and faults["kill web1"]["streams_dropped"]:
-        assert faults["kill web1"]["to_streams_back_s"] is not None, "a stream on the killed web host never came back"
+        assert faults["kill web1"]["to_streams_back_s"] is not None, (
+            f"a stream on the killed web host never came back: {faults['kill web1']}")
     if spec.add_gpu:
         assert any(w.startswith("gpu3:") for w in report["gpu_duty_cycle"]), "the added GPU host took no work"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +211,29 @@ def test_a_policy_that_judges_no_label_of_the_classifier_refuses_to_load(setting
     canned(settings, "good-star")
     with pytest.raises(image_gate.ImageGateError, match="judges no label"):
         image_gate.check_classifier()
+
+
+_RELEASE = threading.Event()
+
+
+class Hangs(Canned):
+    """python:tests.test_image_gate_failclosed:Hangs:x -- answers only once the test releases it."""
+
+    def scores(self, images):
+        _RELEASE.wait(60)
+        return super().scores(images)
+
+
+def test_a_classifier_that_hangs_fails_closed_once_the_timeout_passes(settings):
+    """A hang is a gate error after IMAGEGEN_CLASSIFIER_TIMEOUT, tried once (the run cannot be
+    stopped, so it is not tried again beside itself): the batch fails closed. (Through workers the
+    other failures are shown in tests/test_safety_gates.py; a hang is shown here, where the
+    timeout can be short without racing a real classifier on a loaded machine.)"""
+    settings.IMAGEGEN_IMAGE_CLASSIFIER = "python:tests.test_image_gate_failclosed:Hangs:good-clean"
+    settings.IMAGEGEN_CLASSIFIER_TIMEOUT = 0.5
+    _RELEASE.clear()
+    try:
+        with pytest.raises(image_gate.ImageGateError, match="did not answer within 0.5s"):
+            image_gate.judge([Image.new("RGB", (8, 8))])
+    finally:
+        _RELEASE.set()  # the gate's one thread finishes the hung run before the next test's

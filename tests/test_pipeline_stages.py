@@ -250,7 +250,8 @@ def test_killing_the_classify_worker_mid_batch_loses_nothing_and_delivers_each_i
 
     before = reruns()
     lane = "classifykill"
-    env = {"IMAGEGEN_MODEL_NAME": lane, "IMAGEGEN_QUEUE_CLASSIFY": "classify-victim"}
+    # The victim's gate waits as long as the hang lasts: it must still hold the batch when killed.
+    env = {"IMAGEGEN_MODEL_NAME": lane, "IMAGEGEN_QUEUE_CLASSIFY": "classify-victim", "IMAGEGEN_CLASSIFIER_TIMEOUT": "600"}
     gpu = start_worker("gpu-classifykill", f"{settings.QUEUE_GPU_PREFIX}{lane}", **env)
     victim = start_worker("classify-victim", "classify-victim", **env)
     classifier_mode("hang")

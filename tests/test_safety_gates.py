@@ -58,7 +58,8 @@ def test_a_borderline_prompt_waits_for_a_moderator_who_approves_it(workers, alic
 # A malformed answer (NaN, a missing label, text for a score) fails closed like a failure: before
 # the gate validated answers, a missing label was skipped and a NaN score compared false with
 # every threshold, so those jobs were delivered.
-@pytest.mark.parametrize("mode", ["raise", "hang", "none", "short", "nan", "missing", "text"])
+# (A hang: tests/test_image_gate_failclosed.py, with a timeout of its own.)
+@pytest.mark.parametrize("mode", ["raise", "none", "short", "nan", "missing", "text"])
 def test_a_classifier_that_fails_in_any_way_delivers_nothing(workers, alice_api, classifier_mode, mode):
     classifier_mode(mode)
     job = submit(alice_api, steps=2)
