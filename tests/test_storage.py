@@ -509,3 +509,19 @@ def test_a_failing_purge_is_retried_by_celery_with_backoff_and_a_bound(monkeypat
     assert result.state == "FAILURE" and isinstance(result.result, cdn.PurgeFailed)
     assert len(calls) == cdn.retry_purge.max_retries + 1
     assert cdn.retry_purge.retry_backoff == 30 and cdn.retry_purge.retry_jitter
+
+
+def test_the_media_origins_the_page_trusts_come_from_the_configured_storage():
+    """Issue 44, item 1: the page shows images from its own origin and the public storage's (an
+    S3 endpoint or a CDN domain), which the server states; nothing else."""
+    from imagegen.settings import s3_storages
+    from jobs.media.storage import media_origins
+
+    assert media_origins() == []  # local storage: paths on the page's own origin
+    bucket = s3_storages("pics", endpoint_url="http://127.0.0.1:8333", access_key="a", secret_key="b",
+                         addressing_style="path")
+    with override_settings(STORAGES={**settings.STORAGES, **bucket}):
+        assert media_origins() == ["http://127.0.0.1:8333"]
+    cdn = s3_storages("pics", access_key="a", secret_key="b", custom_domain="img.example.com")
+    with override_settings(STORAGES={**settings.STORAGES, **cdn}):
+        assert media_origins() == ["https://img.example.com"]

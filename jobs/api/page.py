@@ -3,6 +3,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
 from django.views.decorators.csrf import ensure_csrf_cookie
 
+from jobs.media.storage import media_origins
+
 # The quality tiers the page offers (the API's `quality`; standard/hd are OpenAI's aliases).
 PAGE_QUALITIES = (("auto", "Default"), ("low", "Low"), ("medium", "Medium"), ("high", "High"))
 
@@ -38,6 +40,7 @@ def index(request):
             "max_count": settings.IMAGEGEN_MAX_COUNT,
             "default_guidance": settings.IMAGEGEN_DEFAULT_GUIDANCE,
             "max_prompt_chars": settings.IMAGEGEN_MAX_PROMPT_CHARS,
+            "media_origins": media_origins(),  # where images come from besides this origin (a bucket, a CDN)
             "output_formats": ["png", "jpeg", "webp"],
             "models": models,
             "qualities": PAGE_QUALITIES,

@@ -220,6 +220,19 @@ def image_url(key: str) -> str:
     return public_storage().url(key)
 
 
+def media_origins() -> list[str]:
+    """The origins the page may show images from besides its own: the public storage's, when
+    its URLs are absolute (an S3 endpoint, a CDN domain). Read from the configured storage,
+    never from a URL a client sent; the page states them in a meta tag (static/imagegen/util.js
+    `safeSrc`)."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(image_url("i/probe.png"))
+    if url.scheme in ("http", "https") and url.netloc:
+        return [f"{url.scheme}://{url.netloc}"]
+    return []
+
+
 def private_url(key: str, expires: int | None = None) -> str | None:
     """A short-lived presigned URL for a quarantined object on S3, for staff tooling; None on
     local storage (use the staff view /staff/images/<id>, which works on both)."""

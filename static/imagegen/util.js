@@ -31,9 +31,23 @@
     return node;
   }
 
-  // Only our own URLs (and inline previews) become src/href.
+  // Where an image may come from: a path on this origin, a data: preview, or one of the media
+  // origins the server configured (object storage, a CDN), stated in the page's meta tag and
+  // never taken from a URL. Anything else (another host, "//host", "/\\host", javascript:) is "".
+  const MEDIA_ORIGINS = ((document.querySelector('meta[name="imagegen-media-origins"]') || {}).content || "")
+    .split(/\s+/).filter(Boolean);
+
   function safeSrc(url) {
-    return typeof url === "string" && (url.startsWith("/") || url.startsWith("data:image/")) ? url : "";
+    if (typeof url !== "string") return "";
+    if (url.startsWith("data:image/")) return url;
+    if (/^\/(?![\/\\])/.test(url)) return url;
+    try {
+      const parsed = new URL(url);
+      if ((parsed.protocol === "https:" || parsed.protocol === "http:") && MEDIA_ORIGINS.includes(parsed.origin)) {
+        return parsed.href;
+      }
+    } catch (e) { /* not an absolute URL */ }
+    return "";
   }
 
   // A same-origin path from an API link (DRF's cursor links are absolute).
