@@ -563,6 +563,16 @@ IMAGEGEN_S3_PUBLIC_ACL = env_str("IMAGEGEN_S3_PUBLIC_ACL", "")
 # bucket that the bucket policy does not expose.
 IMAGEGEN_S3_QUARANTINE_BUCKET = env_str("IMAGEGEN_S3_QUARANTINE_BUCKET", "")
 IMAGEGEN_S3_QUARANTINE_PREFIX = env_str("IMAGEGEN_S3_QUARANTINE_PREFIX", "" if IMAGEGEN_S3_QUARANTINE_BUCKET else "quarantine/")
+# A prefix of the public bucket is private only while nothing that can read the bucket serves it
+# (a CDN with read access to the bucket, a policy widened later): production keeps held and
+# taken-down images in a bucket of their own, and refuses to start without one.
+if IMAGEGEN_S3_BUCKET and not IMAGEGEN_S3_QUARANTINE_BUCKET and not EMBEDDED:
+    from django.core.exceptions import ImproperlyConfigured
+    raise ImproperlyConfigured(
+        "IMAGEGEN_S3_BUCKET is set without IMAGEGEN_S3_QUARANTINE_BUCKET: held and taken-down images would go to "
+        f"{IMAGEGEN_S3_QUARANTINE_PREFIX!r} inside the public bucket, where anything that can read the bucket (a CDN) "
+        "can serve them; in production (IMAGEGEN_EMBEDDED=false) set IMAGEGEN_S3_QUARANTINE_BUCKET to a private bucket"
+    )
 IMAGEGEN_S3_PRESIGN_SECONDS = env_int("IMAGEGEN_S3_PRESIGN_SECONDS", 300)  # staff links to private objects
 IMAGEGEN_S3_COLD_STORAGE_CLASS = env_str("IMAGEGEN_S3_COLD_STORAGE_CLASS", "STANDARD_IA")  # or GLACIER_IR, ...
 # Tries per S3 request on transient errors, in all (botocore's adaptive retry mode: exponential

@@ -30,6 +30,10 @@ def submit_with_hook(api, url: str):
     "2001:0:4136:e378:8000:63bf:f5ff:fffe",  # Teredo (client 10.0.0.1)
     "::ffff:10.0.0.1",  # IPv4-mapped
     "::ffff:127.0.0.1",
+    "::10.0.0.1",  # IPv4-compatible (issue 44, item 9)
+    "::8.8.8.8",
+    "::ffff:0:10.0.0.1",  # SIIT (RFC 2765)
+    "fec0::1",  # site-local (deprecated, RFC 3879)
 ])
 def test_a_webhook_to_an_address_that_carries_an_ipv4_one_is_400(alice_api, settings, address):
     settings.EMBEDDED = False

@@ -525,3 +525,31 @@ def test_the_media_origins_the_page_trusts_come_from_the_configured_storage():
     cdn = s3_storages("pics", access_key="a", secret_key="b", custom_domain="img.example.com")
     with override_settings(STORAGES={**settings.STORAGES, **cdn}):
         assert media_origins() == ["https://img.example.com"]
+
+
+@pytest.mark.integration  # starts a process of its own
+def test_production_refuses_to_start_with_the_quarantine_inside_the_public_bucket(tmp_path):
+    """Issue 44, item 4: without a quarantine bucket, held and taken-down images would go to a
+    prefix of the public bucket, which a CDN that can read the bucket serves."""
+    import os
+    import subprocess
+    import sys
+
+    from imagegen import signing_credentials
+
+    (tmp_path / "c2pa").mkdir()
+    chain = signing_credentials.issue_chain(tmp_path / "c2pa", valid_days=365)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMAGEGEN_", "DJANGO_"))}
+    env.update({"DJANGO_SETTINGS_MODULE": "imagegen.settings", "IMAGEGEN_VAR_DIR": str(tmp_path),
+                "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "IMAGEGEN_EMBEDDED": "false",
+                "DJANGO_SECRET_KEY": "x" * 50, "IMAGEGEN_C2PA_KEY": str(chain.key), "IMAGEGEN_C2PA_CERT": str(chain.chain),
+                "IMAGEGEN_S3_BUCKET": "pics", "IMAGEGEN_S3_ENDPOINT_URL": "http://127.0.0.1:1"})
+
+    def start(extra: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=settings.BASE_DIR,
+                              env={**env, **extra}, capture_output=True, text=True, timeout=120)
+
+    refused = start({})
+    assert refused.returncode != 0 and "IMAGEGEN_S3_QUARANTINE_BUCKET" in refused.stderr, refused.stderr[-2000:]
+    assert start({"IMAGEGEN_S3_QUARANTINE_BUCKET": "held"}).returncode == 0
+    assert start({"IMAGEGEN_EMBEDDED": "true"}).returncode == 0  # a trial on one machine may use a prefix

@@ -115,7 +115,11 @@ _TRANSLATED = [
     ipaddress.ip_network("64:ff9b:1::/48"),  # NAT64, local use (RFC 8215)
     ipaddress.ip_network("2002::/16"),  # 6to4 (RFC 3056)
     ipaddress.ip_network("2001::/32"),  # Teredo (RFC 4380)
+    ipaddress.ip_network("::/96"),  # IPv4-compatible (deprecated, RFC 4291): ::10.0.0.1
+    ipaddress.ip_network("::ffff:0:0:0/96"),  # SIIT (RFC 2765): ::ffff:0:10.0.0.1
 ]
+# Site-local (fec0::/10, deprecated by RFC 3879): private, though Python counts it global.
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -125,7 +129,7 @@ def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
         return ip.sixtofour
     if ip.teredo is not None:
         return ip.teredo[1]
-    if ip in _TRANSLATED[0]:
+    if any(ip in net for net in (_TRANSLATED[0], _TRANSLATED[4], _TRANSLATED[5])):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 
@@ -137,7 +141,7 @@ def _refusal(address: str) -> str | None:
         inner = _embedded_ipv4(ip)
         if any(ip in net for net in _TRANSLATED):
             carried = f" (it carries the IPv4 address {inner})" if inner is not None else ""
-            return f"{address} is a NAT64, 6to4 or Teredo address{carried}"
+            return f"{address} is a NAT64, 6to4, Teredo, IPv4-compatible or SIIT address{carried}"
         if inner is not None and not _public(str(inner)):
             return f"{address} maps the private or reserved IPv4 address {inner}"
     if not _public(address):
@@ -147,7 +151,7 @@ def _refusal(address: str) -> str | None:
 
 def _public(address: str) -> bool:
     ip = ipaddress.ip_address(address)
-    return ip.is_global and not ip.is_multicast
+    return ip.is_global and not ip.is_multicast and not (isinstance(ip, ipaddress.IPv6Address) and ip in _SITE_LOCAL)
 
 
 _resolver = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
