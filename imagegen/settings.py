@@ -362,6 +362,7 @@ IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_BATCH_IMAGES
 IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE = env_int("IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE", 60)
 # Cases one user may have in the moderators' queue (held jobs and undecided appeals).
 IMAGEGEN_USER_MAX_IN_REVIEW = env_int("IMAGEGEN_USER_MAX_IN_REVIEW", 5)
+IMAGEGEN_USER_MAX_TOKENS = env_int("IMAGEGEN_USER_MAX_TOKENS", 50)  # API tokens one account may hold
 # Open websockets and SSE streams per user, together (across web processes, in Redis).
 IMAGEGEN_USER_MAX_STREAMS = env_int("IMAGEGEN_USER_MAX_STREAMS", 32)
 # Watchers re-read their job's row this often (a final event lost with Redis still arrives),

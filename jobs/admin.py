@@ -99,17 +99,17 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """API tokens with their last use; deleting one revokes it at once. New tokens come from
     `manage.py issue_token` or POST /api/v1/account/tokens (the token is shown once, there)."""
 
-    list_display = ("prefix", "user", "name", "created_at", "last_used_at", "expires_at")
+    list_display = ("prefix", "user", "name", "scope", "created_at", "last_used_at", "expires_at")
     list_filter = ("created_at", "last_used_at")
     search_fields = ("prefix", "name", "user__username")
-    readonly_fields = ("user", "prefix", "digest", "created_at", "last_used_at")
-    fields = ("user", "name", "prefix", "digest", "created_at", "last_used_at", "expires_at")
+    readonly_fields = ("user", "prefix", "digest", "scope", "created_at", "last_used_at")
+    fields = ("user", "name", "prefix", "digest", "scope", "created_at", "last_used_at", "expires_at")
     actions = ["revoke"]
 
     def has_add_permission(self, request) -> bool:
         return False
 
-    @admin.action(description="Revoke the selected tokens")
+    @admin.action(description="Revoke the selected tokens", permissions=["change"])
     def revoke(self, request, queryset):
         count = queryset.delete()[0]
         self.message_user(request, f"{count} token(s) revoked.", messages.SUCCESS)

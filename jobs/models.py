@@ -354,6 +354,9 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True, help_text="refused from then on; empty: never expires")
+    # full: everything the user may do; jobs: submit, read and manage jobs, and nothing of the
+    # account's keys (tokens, the webhook secret): jobs/access/tokens.py FullScope.
+    scope = models.CharField(max_length=8, choices=[("full", "full"), ("jobs", "jobs")], default="full")
 
     class Meta:
         ordering = ["-created_at"]

@@ -9,6 +9,10 @@ were hashed in place by migration jobs 0004 and keep working: their prefix is th
 characters.
 
 The token is shown once, when issued (`manage.py issue_token`); it cannot be shown again.
+
+Scopes: `full` (everything the user may do) and `jobs` (the jobs and the OpenAI routes, nothing
+of the account's keys). A token issued by a token has at most its scope and expires no later
+(`limits_of`); the routes that manage tokens or read the webhook secret need `FullScope`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
+from rest_framework.permissions import BasePermission
 
 from imagegen.precompiled import Precompiled
 from jobs.models import ApiToken
@@ -43,16 +48,45 @@ def prefix_of(token: str) -> str:
     return token[:PREFIX_LEN]
 
 
-def issue(user, name: str = "", expires_at=None) -> str:
+SCOPES = ("full", "jobs")
+
+
+def issue(user, name: str = "", expires_at=None, scope: str = "full") -> str:
     """A new token for the user; the caller shows it once (only its hash is stored)."""
-    return issue_row(user, name, expires_at)[0]
+    return issue_row(user, name, expires_at, scope)[0]
 
 
-def issue_row(user, name: str = "", expires_at=None) -> tuple[str, ApiToken]:
+def issue_row(user, name: str = "", expires_at=None, scope: str = "full") -> tuple[str, ApiToken]:
+    if scope not in SCOPES:
+        raise ValueError(f"a token's scope is one of {SCOPES}, not {scope!r}")
     prefix = secrets.token_hex(PREFIX_LEN // 2)
     token = f"ig_{prefix}_{secrets.token_urlsafe(32)}"
-    row = ApiToken.objects.create(user=user, prefix=prefix, digest=digest(token), name=name[:100], expires_at=expires_at)
+    row = ApiToken.objects.create(user=user, prefix=prefix, digest=digest(token), name=name[:100], expires_at=expires_at,
+                                  scope=scope)
     return token, row
+
+
+def scope_of(request) -> str:
+    """The request's scope: a token's own; `full` for a session (a person signed in)."""
+    row = getattr(request, "auth", None)
+    return row.scope if isinstance(row, ApiToken) else "full"
+
+
+def issuer_expiry(request):
+    """The latest a token issued by this request may expire: its token's expiry (None: no
+    bound, for a session or a token that never expires)."""
+    row = getattr(request, "auth", None)
+    return row.expires_at if isinstance(row, ApiToken) else None
+
+
+class FullScope(BasePermission):
+    """The account's keys (tokens, the webhook secret) need a full-scope token or a session."""
+
+    message = ("this token's scope is 'jobs': managing tokens and the webhook secret needs a full-scope token "
+               "or a signed-in session")
+
+    def has_permission(self, request, view) -> bool:
+        return scope_of(request) == "full"
 
 
 def revoke(user, token_id: int) -> bool:

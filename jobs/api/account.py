@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.http import Http404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_view
@@ -29,7 +30,9 @@ class TierUsageSerializer(serializers.Serializer):
 class AccountSerializer(serializers.Serializer):
     username = serializers.CharField()
     webhook_secret = serializers.CharField(
-        help_text="whsec_<base64>: the key (the base64-decoded bytes) of your webhooks' HMAC-SHA256 signatures."
+        allow_null=True,
+        help_text="whsec_<base64>: the key (the base64-decoded bytes) of your webhooks' HMAC-SHA256 signatures; "
+                  "null for a token of scope jobs (it needs a full-scope token or a session).",
     )
     fair_share_weight = serializers.FloatField(help_text="Your share of each pass against other users' (IMAGEGEN_USER_WEIGHTS).")
     interactive = TierUsageSerializer()
@@ -54,7 +57,7 @@ class AccountView(APIView):
         user = request.user
         return Response({
             "username": user.get_username(),
-            "webhook_secret": webhooks.secret_for(user),
+            "webhook_secret": webhooks.secret_for(user) if tokens.scope_of(request) == "full" else None,
             "fair_share_weight": settings.IMAGEGEN_USER_WEIGHTS.get(user.get_username(), 1.0),
             "interactive": _tier(user, "interactive", settings.IMAGEGEN_USER_MAX_IN_FLIGHT,
                                  settings.IMAGEGEN_USER_MAX_IMAGES_PER_DAY),
@@ -69,6 +72,8 @@ class AccountView(APIView):
     request=None, responses={200: WebhookSecretSerializer},
 ))
 class WebhookSecretRotate(APIView):
+    permission_classes = [*APIView.permission_classes, tokens.FullScope]
+
     def post(self, request):
         return Response({"webhook_secret": webhooks.rotate_secret(request.user)})
 
@@ -76,14 +81,27 @@ class WebhookSecretRotate(APIView):
 class TokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = ApiToken
-        fields = ["id", "prefix", "name", "created_at", "last_used_at", "expires_at"]
+        fields = ["id", "prefix", "name", "scope", "created_at", "last_used_at", "expires_at"]
         read_only_fields = fields
 
 
 class TokenIssueSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False, allow_null=True,
-                                               help_text="The token is refused after this many days; omit for none.")
+    expires_in_days = serializers.IntegerField(
+        min_value=1, max_value=3650, required=False, allow_null=True,
+        help_text="The token is refused after this many days; omit for none (a token issued by a token expires "
+                  "with it at the latest).")
+    scope = serializers.ChoiceField(
+        choices=tokens.SCOPES, default="full",
+        help_text="full: everything you may do; jobs: submit and read jobs, but not manage tokens or read the "
+                  "webhook secret.")
+
+    def validate_expires_in_days(self, days):
+        bound = self.context.get("issuer_expires_at")
+        if days and bound is not None and timezone.now() + timedelta(days=days) > bound:
+            raise serializers.ValidationError(
+                f"the token issuing this one expires at {bound.isoformat()}; a token it issues cannot outlive it")
+        return days
 
 
 class IssuedTokenSerializer(TokenSerializer):
@@ -101,22 +119,34 @@ class IssuedTokenSerializer(TokenSerializer):
                        request=TokenIssueSerializer, responses={201: IssuedTokenSerializer}),
 )
 class TokenList(APIView):
+    permission_classes = [*APIView.permission_classes, tokens.FullScope]
+
     def get(self, request):
         rows = ApiToken.objects.filter(user=request.user).order_by("-created_at")
         return Response(TokenSerializer(rows, many=True).data)
 
     def post(self, request):
-        given = TokenIssueSerializer(data=request.data)
+        bound = tokens.issuer_expiry(request)
+        given = TokenIssueSerializer(data=request.data, context={"issuer_expires_at": bound})
         given.is_valid(raise_exception=True)
         days = given.validated_data.get("expires_in_days")
-        expires_at = timezone.now() + timedelta(days=days) if days else None
-        token, row = tokens.issue_row(request.user, given.validated_data["name"], expires_at)
+        expires_at = timezone.now() + timedelta(days=days) if days else bound
+        with transaction.atomic():
+            usage.lock_user(request.user.pk)
+            limit = settings.IMAGEGEN_USER_MAX_TOKENS
+            if ApiToken.objects.filter(user=request.user).count() >= limit:
+                return Response({"detail": f"you have {limit} tokens, the most one account may hold: revoke one first",
+                                 "code": "too_many_tokens"}, status=status.HTTP_409_CONFLICT)
+            token, row = tokens.issue_row(request.user, given.validated_data["name"], expires_at,
+                                          given.validated_data["scope"])
         return Response({**TokenSerializer(row).data, "token": token}, status=status.HTTP_201_CREATED)
 
 
 @extend_schema_view(delete=extend_schema(operation_id="account_tokens_revoke", summary="Revoke one of your API tokens",
                                          responses={204: None}))
 class TokenRevoke(APIView):
+    permission_classes = [*APIView.permission_classes, tokens.FullScope]
+
     def delete(self, request, token_id: int):
         if not tokens.revoke(request.user, token_id):
             raise Http404  # not the caller's (or already revoked): the same answer either way
