@@ -81,14 +81,26 @@ def test_openai_route_replays_the_same_job(alice, settings):
 # --- deadlines ---
 
 @pytest.mark.django_db(transaction=True)
-def test_a_deadline_cancels_a_queued_job_uncharged(workers, reaper, alice_api):
-    """In a lane with no GPU worker the job stays queued; the reaper (the
-    `reaper` fixture) cancels it once cancel_after has passed, and it is never charged."""
+def _deadline_passes(job_id: str) -> None:
+    """The job's deadline is moved into the past and the reaper runs once, here: waiting for a
+    short deadline would race the job's own admission (a prompt check slower than the deadline
+    on a loaded machine, cancelled before it was admitted)."""
+    from jobs.pipeline.tasks import reap
+
+    GenerationJob.objects.filter(id=job_id).update(deadline_at=timezone.now() - timedelta(seconds=1))
+    reap()
+
+
+def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
+    """In a lane with no GPU worker the job stays queued; once cancel_after has passed the
+    reaper cancels it, and it is never charged."""
     with admitted_to("no-gpu-deadline"):
-        job = alice_api.post("/api/v1/jobs", {**BODY, "cancel_after": 1}, format="json").json()
-    assert job["cancel_after"] == 1 and job["deadline_at"]
+        job = alice_api.post("/api/v1/jobs", {**BODY, "cancel_after": 600}, format="json").json()
+    assert job["cancel_after"] == 600 and job["deadline_at"]
     row = GenerationJob.objects.get(id=job["id"])
     assert row.scheduled_at is not None  # admitted to the scheduler (no GPU worker serves this lane)
+    assert 599 <= (row.deadline_at - row.created_at).total_seconds() <= 601
+    _deadline_passes(job["id"])
     done = wait_for_status(job["id"], ("cancelled",), timeout=120)
     assert done.reason == "deadline passed"
     assert done.started_at is None and done.charged_at is None and not UsageCharge.objects.filter(job_id=done.id).exists()
@@ -101,15 +113,16 @@ def test_a_deadline_cancels_a_queued_job_uncharged(workers, reaper, alice_api):
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["reason"] == "deadline passed"
 
 
-def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderators_queue(workers, reaper, alice_api):
+def test_a_deadline_ends_a_prompt_held_for_review_and_takes_it_off_the_moderators_queue(workers, alice_api):
     """A borderline prompt waits for a moderator before any GPU time: its deadline still holds
     (the reaper cancels it, uncharged), and the moderators' queue no longer lists it."""
     from jobs.actions import review
 
-    job = alice_api.post("/api/v1/jobs", {**BODY, "prompt": "a red heart on a white background", "cancel_after": 2},
+    job = alice_api.post("/api/v1/jobs", {**BODY, "prompt": "a red heart on a white background", "cancel_after": 600},
                          format="json").json()
-    held = wait_for_status(job["id"], ("review", "cancelled"), timeout=120)
-    assert held.blocked_stage == "prompt"
+    held = wait_for_status(job["id"], ("review",), timeout=120)
+    assert held.blocked_stage == "prompt" and review.review_queue().filter(id=held.id).exists()
+    _deadline_passes(job["id"])
     done = wait_for_status(job["id"], ("cancelled",), timeout=120)
     assert done.reason == "deadline passed"
     assert done.started_at is None and done.charged_at is None
