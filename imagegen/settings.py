@@ -395,6 +395,7 @@ IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
 IMAGEGEN_SIGNIN_MAX_FAILURES = env_int("IMAGEGEN_SIGNIN_MAX_FAILURES", 10)
 IMAGEGEN_SIGNIN_WINDOW_SECONDS = env_float("IMAGEGEN_SIGNIN_WINDOW_SECONDS", 900.0)
 IMAGEGEN_SIGNIN_MAX_DELAY = env_float("IMAGEGEN_SIGNIN_MAX_DELAY", 30.0)
+IMAGEGEN_SIGNIN_KNOWN_DAYS = env_float("IMAGEGEN_SIGNIN_KNOWN_DAYS", 90.0)  # an address that signed in passes the account-wide delay this long
 # Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
 IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
 

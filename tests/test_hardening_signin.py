@@ -81,3 +81,24 @@ def test_weak_passwords_are_refused_by_the_validators():
         with pytest.raises(ValidationError):
             validate_password(weak, user)
     validate_password("correct horse battery staple", user)
+
+
+def test_an_owner_who_signed_in_from_an_address_before_passes_the_accounts_delay(settings):
+    """Issue 44, item 5: sixteen wrong passwords for one account from three other addresses put
+    the account-wide delay on every address (429, renewable by one failure every 30 s), so the
+    owner was locked out. An address the account signed in from before passes that delay (its
+    own pair and address limits still hold); an address it never signed in from still waits."""
+    settings.IMAGEGEN_SIGNIN_MAX_FAILURES = 10
+    settings.IMAGEGEN_SIGNIN_MAX_DELAY = 30
+    make_user("gwen")
+    assert sign_in("gwen", "gwen-pw", OWNER)[1]
+    for i in range(16):
+        sign_in("gwen", f"wrong{i}", f"192.0.2.{i % 3 + 1}")
+    response, signed_in = sign_in("gwen", "gwen-pw", "198.51.100.200")  # never signed in from here
+    assert response.status_code == 429 and int(response["Retry-After"]) >= 1 and not signed_in
+    response, signed_in = sign_in("gwen", "gwen-pw", OWNER)
+    assert response.status_code == 302 and signed_in
+    # The known address is still limited by its own failures.
+    for i in range(10):
+        sign_in("gwen", f"typo{i}", OWNER)
+    assert sign_in("gwen", "gwen-pw", OWNER)[0].status_code == 429

@@ -6,8 +6,10 @@
 - One address guessing many accounts: the same limit per client address.
 - Many addresses guessing one account: no lock for the account alone, but past the limit each
   further failure doubles a delay (1, 2, 4 ... s, at most IMAGEGEN_SIGNIN_MAX_DELAY) that every
-  attempt on the account must wait after the last failure: a few guesses a minute at most, and
-  the owner waits seconds, not the window.
+  attempt on the account must wait after the last failure: a few guesses a minute at most. An
+  address the account signed in from before (within IMAGEGEN_SIGNIN_KNOWN_DAYS) passes that
+  delay, so guesses from elsewhere cannot keep the owner out; its own pair and address limits
+  still hold.
 
 Refused attempts are not checked and not counted (429 and Retry-After on the page's
 /accounts/login/; the admin's form shows the message). A success does not clear the counts: an
@@ -51,6 +53,19 @@ def _account_key(username: str) -> str:
     return f"{PREFIX}signin:account:{_account(username)}"
 
 
+def _known_key(username: str, request) -> str:
+    ip = BaseThrottle().get_ident(request) if request is not None else "-"
+    return f"{PREFIX}signin:known:{_account(username)}:{ip}"
+
+
+def record_success(username: str, request) -> None:
+    """The account signed in from this address: later, it passes the account-wide delay."""
+    try:
+        get_redis().set(_known_key(username, request), "1", ex=max(1, int(settings.IMAGEGEN_SIGNIN_KNOWN_DAYS * 86400)))
+    except RedisError:
+        log.warning("sign-in success not recorded (Redis)", exc_info=True)
+
+
 def account_delay(failures: int) -> float:
     """Seconds an account's next attempt waits after its last failure, given its failures in
     the window (from any address)."""
@@ -67,7 +82,7 @@ def locked_for(username: str, request) -> int:
         return 0
     try:
         waits = [ratelimit.take(subject, limit, window, consume=False) for subject in _locks(username, request)]
-        state = get_redis().hgetall(_account_key(username))
+        state = {} if get_redis().exists(_known_key(username, request)) else get_redis().hgetall(_account_key(username))
     except RedisError:
         log.warning("sign-in throttling unavailable (Redis)", exc_info=True)
         return 0
@@ -117,11 +132,13 @@ class ThrottledSignin:
         if self.locked_seconds:
             raise ValidationError(lockout_message(self.locked_seconds), code="locked")
         try:
-            return super().clean()
+            cleaned = super().clean()
         except ValidationError as exc:
             if any(getattr(e, "code", None) == "invalid_login" for e in exc.error_list):
                 record_failure(str(username), request)
             raise
+        record_success(str(username), request)
+        return cleaned
 
 
 class SigninForm(ThrottledSignin, AuthenticationForm):
