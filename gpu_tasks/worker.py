@@ -25,6 +25,8 @@ def _on_worker_ready(sender=None, **kwargs):
     queues = _queues(sender)
     loads = loads_for(queues)
     gpu_queues = sorted(q for q in queues if q.startswith(settings.QUEUE_GPU_PREFIX))
+    if "signing_key" in loads:
+        _check_signing_key()
     if "image_gate" in loads:  # GPU workers gate their previews
         _check_image_gate()
     if "rewriter" in loads and settings.IMAGEGEN_REWRITER_PATH:
@@ -55,6 +57,19 @@ def _on_worker_ready(sender=None, **kwargs):
 
 GATE_ERROR_KEY = "gate-error"
 MODEL_ERROR_KEY = "model-error"
+
+
+def _check_signing_key() -> None:
+    """A worker whose stage signs its images refuses to start without a valid key and chain."""
+    import os
+
+    from imagegen import signing_credentials
+
+    try:
+        signing_credentials.require()
+    except signing_credentials.CredentialsError as exc:
+        log.critical("content credentials: %s; this worker signs every image it makes, refusing to start", exc)
+        os._exit(3)
 
 
 def _load_model_or_exit(get_model):

@@ -20,6 +20,15 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
+from django.core.exceptions import ImproperlyConfigured  # noqa: E402
+
+from imagegen import signing_credentials  # noqa: E402
+
+try:  # a web process signs (a cached image converted to another format): it needs the key
+    signing_credentials.require()
+except signing_credentials.CredentialsError as _exc:
+    raise ImproperlyConfigured(f"content credentials (a web process signs images): {_exc}") from None
+
 from asgiref.sync import iscoroutinefunction  # noqa: E402
 from channels.routing import URLRouter  # noqa: E402
 from django.conf import settings  # noqa: E402

@@ -589,7 +589,8 @@ IMAGEGEN_HANDOFF_DEPTH = env_int("IMAGEGEN_HANDOFF_DEPTH", 2)
 IMAGEGEN_PNG_COMPRESS_LEVEL = env_int("IMAGEGEN_PNG_COMPRESS_LEVEL", 3)  # zlib 0-9: 3 is half the time of 6 for ~3% more bytes
 # Content credentials (C2PA) in every image file (jobs/media/credentials.py), signed with this PEM key
 # and certificate chain; the embedded default makes its own in VAR_DIR/c2pa on first start
-# (imagegen/signing_credentials.py). Missing, expired or mismatched ones refuse to start.
+# (imagegen/signing_credentials.py). Expired or mismatched ones refuse to start; missing ones refuse to
+# start the processes that sign (the web, the GPU workers) and no other.
 IMAGEGEN_C2PA_KEY = env_str("IMAGEGEN_C2PA_KEY", "")
 IMAGEGEN_C2PA_CERT = env_str("IMAGEGEN_C2PA_CERT", "")
 # What `imagegen_cli.py verify` trusts besides the embedded root: a PEM file of root certificates.
@@ -599,11 +600,15 @@ if EMBEDDED and not (IMAGEGEN_C2PA_KEY or IMAGEGEN_C2PA_CERT):
     _credentials = signing_credentials.embedded(VAR_DIR)
     IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT = str(_credentials.key), str(_credentials.chain)
     IMAGEGEN_C2PA_TRUST_ANCHORS = IMAGEGEN_C2PA_TRUST_ANCHORS or str(_credentials.trust_anchors)
-try:
-    signing_credentials.check(IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT)
-except signing_credentials.CredentialsError as _exc:
-    from django.core.exceptions import ImproperlyConfigured
-    raise ImproperlyConfigured(f"content credentials: {_exc}") from None
+# A key and chain that are named are checked in every process (a wrong one is a mistake wherever
+# it is read). None named: only the processes that sign need them, and refuse to start without
+# them (the web's ASGI app, a worker whose stage rows load "signing_key": signing_credentials.require).
+if IMAGEGEN_C2PA_KEY or IMAGEGEN_C2PA_CERT:
+    try:
+        signing_credentials.check(IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT)
+    except signing_credentials.CredentialsError as _exc:
+        from django.core.exceptions import ImproperlyConfigured
+        raise ImproperlyConfigured(f"content credentials: {_exc}") from None
 
 
 def s3_storages(

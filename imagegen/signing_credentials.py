@@ -68,6 +68,20 @@ def embedded(var_dir: Path) -> SigningCredentials:
     raise CredentialsError(f"could not read or create the signing credentials in {folder}")
 
 
+# The process types that sign images, besides the workers whose stage rows load "signing_key"
+# (imagegen/stage_table.py): the web processes convert a cached image to another format and sign it.
+SIGNING_PROCESSES = ("web",)
+
+
+def require() -> None:
+    """For a process that signs images (a web process, a GPU worker): the configured key and chain
+    must be there and valid, else CredentialsError naming what is missing or wrong. The others
+    start without them (settings check a key and chain only where they are named)."""
+    from django.conf import settings
+
+    check(settings.IMAGEGEN_C2PA_KEY, settings.IMAGEGEN_C2PA_CERT)
+
+
 def check(key_path: Path | str, chain_path: Path | str, now: datetime.datetime | None = None) -> None:
     """Raise CredentialsError naming what is wrong with the key and certificate chain."""
     from cryptography import x509

@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 
 # What a stage's worker can load before its first task, in the order a worker loads them (read by
-# jobs/pipeline/tasks.py for the prompt filter, gpu_tasks/worker.py for the rest).
-LOADS = ("prompt_filter", "image_gate", "rewriter", "model")
+# jobs/pipeline/tasks.py for the prompt filter, gpu_tasks/worker.py for the rest). "signing_key":
+# the content credentials' key and chain, checked before the first task (a worker whose stage signs
+# images refuses to start without them; the others never need them: imagegen/signing_credentials.py).
+LOADS = ("prompt_filter", "signing_key", "image_gate", "rewriter", "model")
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ STAGES: dict[str, Stage] = {
         # a lost entry from the row (jobs/actions/lifecycle.py rebuild_scheduler_state).
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
               describes="generation", reject_on_worker_lost=True, process="gpu", lease_setting="IMAGEGEN_LEASE_SECONDS",
-              loads=("image_gate", "model")),  # the gate judges its previews
+              loads=("signing_key", "image_gate", "model")),  # it signs its images; the gate judges its previews
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
               reject_on_worker_lost=True, process="classify",

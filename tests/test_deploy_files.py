@@ -446,3 +446,62 @@ def test_a_stage_declared_here_is_routed_reaches_the_deploy_files_and_is_recover
     killed_worker.refresh_from_db()
     assert lost_message.stage_attempts == 0 and lost_message.stage_sent_at > long_ago  # re-sent, not an attempt
     assert killed_worker.stage_attempts == 1 and killed_worker.stage_run == ""  # re-run: the lost run counts
+
+
+def test_the_manifest_gives_each_process_type_what_it_needs_at_start_and_the_key_only_to_those_that_sign():
+    """Issue 44, item 2: every process used to refuse to start without the content credentials'
+    key, and the manifest mounted none, so every pod would crash-loop. What each process type
+    needs is derived here from the code: the web (signing_credentials.SIGNING_PROCESSES) and the
+    workers whose stage rows load "signing_key" sign images; the manifest must give those the key
+    and chain (env naming files under a read-only mount of a Secret volume) and no other pod."""
+    from imagegen import signing_credentials, stage_table
+
+    seen = set()
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            name = c["name"]
+            seen.add(name)
+            env = {e["name"]: str(e.get("value", "")) for e in c.get("env", [])}
+            argv = [re.sub(r"\$\((\w+)\)", lambda m, env=env: env.get(m.group(1), m.group(0)), str(w)) for w in c["command"]]
+            signs = name in signing_credentials.SIGNING_PROCESSES or "signing_key" in stage_table.loads_for(queues(argv))
+            assert {"secretRef": {"name": "imagegen-env"}} in c.get("envFrom", []), f"{name}: no imagegen-env Secret"
+            mounts = c.get("volumeMounts", [])
+            secret_mounts = [m for m in mounts if "secret" in volumes.get(m["name"], {})]
+            if not signs:
+                assert "IMAGEGEN_C2PA_KEY" not in env and not secret_mounts, f"{name} does not sign: it gets no key"
+                continue
+            for var in ("IMAGEGEN_C2PA_KEY", "IMAGEGEN_C2PA_CERT"):
+                path = PurePosixPath(env.get(var, ""))
+                assert path.is_absolute(), f"{name} signs images: {var} must name a file"
+                holder = [m for m in secret_mounts if PurePosixPath(m["mountPath"]) in path.parents]
+                assert holder and holder[0].get("readOnly"), f"{name}: {var}={path} is under no read-only Secret mount"
+                secret = volumes[holder[0]["name"]]["secret"]
+                assert secret.get("secretName"), f"{name}: the mount of {path} names no Secret"
+    assert {"web", "gpu"} <= seen and len(seen) >= 6, seen
+
+
+@pytest.mark.integration  # starts processes of its own
+def test_in_production_only_the_processes_that_sign_need_the_key(tmp_path):
+    """Without IMAGEGEN_C2PA_KEY/CERT a worker that signs nothing starts (settings load), while the
+    web's ASGI app refuses, naming the setting; a GPU worker refuses in its ready hook (the stage
+    row's "signing_key" load: gpu_tasks/worker.py)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IMAGEGEN_", "DJANGO_"))}
+    env.update({"DJANGO_SETTINGS_MODULE": "imagegen.settings", "IMAGEGEN_VAR_DIR": str(tmp_path),
+                "DATABASE_URL": f"sqlite:///{tmp_path / 'db.sqlite3'}", "IMAGEGEN_EMBEDDED": "false",
+                "DJANGO_SECRET_KEY": "x" * 50, "IMAGEGEN_EXTRA_MODELS": "none"})
+
+    def run(code: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+    worker = run("import django; django.setup(); from imagegen.celery import app; print('started')")
+    assert worker.returncode == 0 and "started" in worker.stdout, worker.stderr[-2000:]
+    web = run("import imagegen.asgi")
+    assert web.returncode != 0 and "IMAGEGEN_C2PA_KEY must name a PEM file" in web.stderr, web.stderr[-2000:]
+    gpu = run("import django; django.setup(); from gpu_tasks import worker; worker._check_signing_key()")
+    assert gpu.returncode == 3, (gpu.returncode, gpu.stderr[-2000:])
