@@ -532,6 +532,7 @@ IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
 IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
 # seconds a webhook_url's host may take to resolve (on a pool of its own, not the request thread)
 IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT", 2.0)
+IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER = env_int("IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER", 2)  # webhook host lookups not yet answered, per user and web process
 IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
 IMAGEGEN_WEBHOOK_BACKOFF = env_float("IMAGEGEN_WEBHOOK_BACKOFF", 10.0)  # seconds before the first retry; doubles, at most 1 h
 IMAGEGEN_WEBHOOK_RETRY_HOURS = env_float("IMAGEGEN_WEBHOOK_RETRY_HOURS", 24.0)  # then a delivery is given up

@@ -80,3 +80,32 @@ def test_the_deploy_files_run_outside_the_embedded_setup():
     manifests = (ROOT / "deploy" / "kubernetes.yaml").read_text()
     containers = len(re.findall(r"^\s+- name: \S+\n\s+image:", manifests, re.M))
     assert containers and manifests.count('{name: IMAGEGEN_EMBEDDED, value: "false"}') == containers
+
+
+def test_one_users_hung_lookups_do_not_fail_another_users_webhook(alice_api, bob_api, settings, monkeypatch):
+    """Issue 44, item 9: four submits whose webhook hosts never resolve took every thread of the
+    lookups' pool (a hung lookup cannot be stopped), and another user's valid URL then failed "did
+    not resolve within". Lookups are bounded per user (IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER) on a
+    pool apart from the deliveries', so the other user's lookup still runs."""
+    settings.EMBEDDED = False
+    settings.IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = 0.5
+    released = threading.Event()
+    real = socket.getaddrinfo
+
+    def resolver(host, port, *args, **kwargs):  # no DNS server runs here: the test's own answers
+        if host.endswith(".slow.example"):
+            released.wait(60)
+            raise socket.gaierror("gave up")
+        if host == "hooks.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.216.34", port))]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    try:
+        answers = [submit_with_hook(alice_api, f"https://h{i}.slow.example/hook") for i in range(4)]
+        assert [a.status_code for a in answers] == [400] * 4
+        assert "have not answered yet" in str(answers[-1].json()["webhook_url"])  # her bound, not the pool's
+        other = submit_with_hook(bob_api, "https://hooks.example/hook")
+        assert other.status_code == 202, other.content
+    finally:
+        released.set()

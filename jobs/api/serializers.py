@@ -74,7 +74,8 @@ class JobCreateSerializer(serializers.Serializer):
         from jobs.webhooks.delivery import WebhookURLError, validate_url
 
         try:
-            return validate_url(value) if value else ""
+            request = self.context.get("request")
+            return validate_url(value, getattr(getattr(request, "user", None), "pk", None)) if value else ""
         except WebhookURLError as exc:
             raise serializers.ValidationError(str(exc)) from None
 

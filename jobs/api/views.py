@@ -91,7 +91,7 @@ class JobListCreate(ListAPIView):
         )
 
     def post(self, request):
-        serializer = JobCreateSerializer(data=request.data)
+        serializer = JobCreateSerializer(data=request.data, context={"request": request})
         serializer.is_valid(raise_exception=True)
         try:
             job, replayed = idempotency.submitting(request, "jobs", lambda: submit_job(request.user, serializer.validated_data))

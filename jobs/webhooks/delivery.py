@@ -154,22 +154,52 @@ def _public(address: str) -> bool:
     return ip.is_global and not ip.is_multicast and not (isinstance(ip, ipaddress.IPv6Address) and ip in _SITE_LOCAL)
 
 
-_resolver = ThreadPoolExecutor(max_workers=4, thread_name_prefix="webhook-dns")
+class _Lookups:
+    """Host lookups on a pool of their own. A lookup that hangs cannot be stopped: its thread stays
+    taken until the resolver gives up, so the caller waits at most IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT
+    seconds and a user may hold at most IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER lookups not yet answered
+    (hung ones included): one user's unresolvable hosts cannot take the threads another user's
+    valid URL needs. Submits and deliveries use two of these, so neither starves the other."""
+
+    def __init__(self, threads: int, name: str):
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+        self.lock = threading.Lock()
+        self.pending: dict[object, int] = {}
+
+    def _done(self, who) -> None:
+        with self.lock:
+            self.pending[who] -= 1
+            if not self.pending[who]:
+                del self.pending[who]
+
+    def resolve(self, host: str, port: int, who=None) -> list[str]:
+        timeout = settings.IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT
+        if who is not None:
+            with self.lock:
+                if self.pending.get(who, 0) >= settings.IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER:
+                    raise WebhookURLError("earlier lookups of your webhook hosts have not answered yet; "
+                                          "try again in a few seconds")
+                self.pending[who] = self.pending.get(who, 0) + 1
+        future = self.pool.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+        if who is not None:
+            future.add_done_callback(lambda _f: self._done(who))
+        try:
+            infos = future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise WebhookURLError(f"the host {host!r} did not resolve within {timeout:g} s") from None
+        except OSError as exc:
+            raise WebhookURLError(f"the host {host!r} does not resolve ({exc})") from None
+        return sorted({str(info[4][0]) for info in infos})
 
 
-def _resolve(host: str, port: int) -> list[str]:
-    """The host's addresses, looked up on a small pool of its own: a resolver that hangs costs
-    the caller (a request thread) at most IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT seconds."""
-    timeout = settings.IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT
-    future = _resolver.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-    try:
-        infos = future.result(timeout=timeout)
-    except FutureTimeout:
-        future.cancel()
-        raise WebhookURLError(f"the host {host!r} did not resolve within {timeout:g} s") from None
-    except OSError as exc:
-        raise WebhookURLError(f"the host {host!r} does not resolve ({exc})") from None
-    return sorted({str(info[4][0]) for info in infos})
+_submit_lookups = _Lookups(16, "webhook-dns")  # a submit's check of its webhook URL, bounded per user
+_delivery_lookups = _Lookups(8, "webhook-dns-send")  # each delivery's look again, at send time
+
+
+def _resolve(host: str, port: int, who=None, lookups: _Lookups | None = None) -> list[str]:
+    """The host's addresses (the caller, a request thread or a delivery, waits a bounded time)."""
+    return (lookups or _delivery_lookups).resolve(host, port, who)
 
 
 def _check_addresses(host: str, addresses: list[str], scheme: str) -> None:
@@ -204,12 +234,13 @@ def _parts(url: str) -> tuple[str, str, int, str]:
     return scheme, parts.hostname, port or (443 if scheme == "https" else 80), path
 
 
-def validate_url(url: str) -> str:
-    """The URL if it may be a webhook target, else WebhookURLError saying why."""
+def validate_url(url: str, who=None) -> str:
+    """The URL if it may be a webhook target, else WebhookURLError saying why. `who`: the user
+    submitting it (their lookups not yet answered are bounded)."""
     if len(url) > 2000:
         raise WebhookURLError("is longer than 2000 characters")
     scheme, host, port, _ = _parts(url)
-    _check_addresses(host, _resolve(host, port), scheme)
+    _check_addresses(host, _resolve(host, port, who, _submit_lookups), scheme)
     return url
 
 
