@@ -56,6 +56,33 @@ threaded_app = ThreadedWSGI(
 )
 
 
+# A refused body is read and thrown away before the 413, up to these bounds (what nginx's lingering
+# close does): a client that sends its whole body before reading (Python's http.client, most
+# scripts; no `Expect: 100-continue`) then reads the answer instead of a connection reset.
+LINGER_BYTES = 64 * 1024 * 1024
+LINGER_IDLE_SECONDS = 2.0
+
+
+async def _discard_body(receive, declared: int | None) -> None:
+    """Read and drop the rest of a refused body: until its end, LINGER_BYTES, or a pause of
+    LINGER_IDLE_SECONDS (a client that waits for the answer before sending more)."""
+    import asyncio
+
+    if declared is not None and declared > LINGER_BYTES:
+        return
+    read = 0
+    while read <= LINGER_BYTES:
+        try:
+            message = await asyncio.wait_for(receive(), LINGER_IDLE_SECONDS)
+        except TimeoutError:
+            return
+        if message["type"] != "http.request":
+            return
+        read += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
 async def _too_large(send, limit: int) -> None:
     detail = json.dumps({"detail": f"The request body is over {limit} bytes.", "limit": "body_size"}).encode()
     await send({"type": "http.response.start", "status": 413,
@@ -85,6 +112,7 @@ class BodyCap:
                 except ValueError:
                     declared = -1
                 if declared < 0 or declared > self.limit:
+                    await _discard_body(receive, declared if declared >= 0 else None)
                     return await _too_large(send, self.limit)
         chunks: list[bytes] = []
         size = 0
@@ -95,6 +123,8 @@ class BodyCap:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
+                if message.get("more_body", False):
+                    await _discard_body(receive, None)
                 return await _too_large(send, self.limit)
             chunks.append(chunk)
             if not message.get("more_body", False):

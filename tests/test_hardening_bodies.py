@@ -121,3 +121,26 @@ def test_a_body_under_the_cap_still_reaches_the_view(uvicorn_server):
             "Connection: close\r\n\r\n").encode()
     status, _, _ = _exchange(uvicorn_server, head, [payload])
     assert status == 401  # authentication ran on the whole body
+
+
+@pytest.mark.parametrize("client", ["httpx", "http.client"])
+def test_a_client_that_sends_its_whole_body_before_reading_gets_the_413(uvicorn_server, client):
+    """Issue 44, item 10: a 10 MB body from a client without `Expect: 100-continue` (Python's
+    http.client, httpx) met a connection reset, not the 413 the server sent: the server closed
+    with the body unread. It now reads and discards the body, up to a bound, before closing."""
+    import http.client
+
+    body = b" " * (TEN_MB + 1024)
+    if client == "httpx":
+        response = httpx.post(f"{uvicorn_server.url}/api/v1/jobs", content=body,
+                              headers={"Content-Type": "application/json"}, timeout=120)
+        status, detail = response.status_code, response.json()
+    else:
+        conn = http.client.HTTPConnection(uvicorn_server.host, uvicorn_server.port, timeout=120)
+        try:
+            conn.request("POST", "/api/v1/jobs", body=body, headers={"Content-Type": "application/json"})
+            answer = conn.getresponse()
+            status, detail = answer.status, json.loads(answer.read())
+        finally:
+            conn.close()
+    assert status == 413 and detail["limit"] == "body_size", (status, detail)
