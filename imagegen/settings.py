@@ -529,6 +529,7 @@ IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS = env_float("IMAGEGEN_IDEMPOTENCY_TAKEOVER
 # `Prefer: wait=N` on a submit waits at most this long for the job to end (jobs/api/prefer.py): the
 # wait holds a web thread, so it suits few-step models whose jobs end in about a second.
 IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
+IMAGEGEN_PREFER_WAIT_PER_USER = env_int("IMAGEGEN_PREFER_WAIT_PER_USER", 2)  # held waits per user and web process
 IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
 # seconds a webhook_url's host may take to resolve (on a pool of its own, not the request thread)
 IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT", 2.0)

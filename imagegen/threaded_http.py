@@ -18,6 +18,7 @@ import asyncio
 import io
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -134,10 +135,21 @@ class ThreadedWSGI:
             return
         loop = asyncio.get_running_loop()
         self.in_flight += 1
+        # The client's disconnect while the view runs, for a view that waits (a `Prefer: wait`
+        # submit): its thread is released at once (jobs/api/prefer.py).
+        gone = threading.Event()
+
+        async def watch() -> None:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+
+        watcher = asyncio.ensure_future(watch())
         try:
-            answer = await loop.run_in_executor(self.executor, self._run, scope, body, send, loop, time.monotonic())
+            answer = await loop.run_in_executor(self.executor, self._run, scope, body, send, loop, time.monotonic(), gone)
         finally:
             self.in_flight -= 1
+            watcher.cancel()
         if answer is not None:
             await self._send_whole(send, *answer)
 
@@ -146,7 +158,8 @@ class ThreadedWSGI:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    def _run(self, scope: dict, body: bytes, send: Send, loop: asyncio.AbstractEventLoop, queued_at: float):
+    def _run(self, scope: dict, body: bytes, send: Send, loop: asyncio.AbstractEventLoop, queued_at: float,
+             gone: threading.Event | None = None):
         """On a pool thread: the whole answer for a plain response (sent by the loop, one hop),
         or None after streaming a streaming response chunk by chunk from here."""
         waited = time.monotonic() - queued_at
@@ -162,6 +175,7 @@ class ThreadedWSGI:
 
         environ = build_environ(scope, body)
         environ["imagegen.thread_wait"] = waited  # for the Server-Timing breakdown (jobs/api/timing.py)
+        environ["imagegen.client_gone"] = gone  # jobs/api/prefer.py CLIENT_GONE
         result = self.wsgi_app(environ, start_response)
         try:
             if not getattr(result, "streaming", False):

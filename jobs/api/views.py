@@ -105,7 +105,10 @@ class JobListCreate(ListAPIView):
         wait = prefer.requested_wait(request)
         if wait is None:
             return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
-        job = prefer.wait_for_end(job, wait)
+        with prefer.holding(request.user.pk) as may_wait:
+            if not may_wait:  # the user's held waits fill their share of this process's threads
+                return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+            job = prefer.wait_for_end(job, wait, request.META.get(prefer.CLIENT_GONE))
         ended = job.status in TERMINAL_STATUSES
         return Response(JobSerializer(job, context={"estimate": not ended}).data,
                         status=status.HTTP_200_OK if ended else status.HTTP_202_ACCEPTED,
