@@ -469,6 +469,7 @@ REST_FRAMEWORK = {
     # Token first, so a request without credentials gets 401 with WWW-Authenticate.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "jobs.access.tokens.HashedTokenAuthentication",
+        "jobs.access.tokens.BearerTokenAuthentication",  # the same tokens, as OpenAI clients send them
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_THROTTLE_CLASSES": ["jobs.access.throttles.RequestRateThrottle"],

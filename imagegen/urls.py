@@ -7,10 +7,10 @@ from imagegen.metrics_view import metrics_view
 from jobs.access import signin
 from jobs.api import account as account_views
 from jobs.api import delete as delete_views
+from jobs.api import errors, views
 from jobs.api import page as web
 from jobs.api import staff as staff_views
 from jobs.api import verify as verify_views
-from jobs.api import views
 from jobs.api.openai import compat as openai_compat
 from jobs.api.openai import views as openai_api
 from jobs.pipeline import regenerate
@@ -45,6 +45,7 @@ urlpatterns = [
     path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
     path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
     re_path(r"^v1/(?P<path>.*)$", openai_compat.unknown_route, name="openai-unknown"),  # JSON 404s, never HTML
+    re_path(r"^api/(?P<path>.*)$", errors.unknown_route, name="api-unknown"),  # JSON 404s, never HTML
     path("accounts/login/", signin.LoginView.as_view(), name="login"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("admin/", admin.site.urls),

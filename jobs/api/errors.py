@@ -21,7 +21,9 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DatabaseError
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -126,7 +128,15 @@ def classify(exc: BaseException, request=None) -> tuple[int, str] | None:
     return None
 
 
+@csrf_exempt  # a 404 for any method: never Django's HTML CSRF page
+def unknown_route(request, path: str = ""):
+    """Any path under /api that is not a route (a malformed id included): JSON, never HTML."""
+    return json_error(404, "Not found.")
+
+
 def exception_handler(exc, context):
+    if isinstance(exc, Http404):  # its message names the model ("No GenerationJob matches ..."): not for clients
+        exc = NotFound()
     response = drf_exception_handler(exc, context)
     if response is not None:
         return response

@@ -558,6 +558,18 @@ def _plain_operations() -> dict[str, dict]:
             }
             for method in ("get", "post")
         },
+        "/api/{path}": {
+            method: {
+                "operationId": f"api_unknown_{method}",
+                "summary": "Any other path under /api",
+                "description": "Not a route (a malformed id included): 404 `{\"detail\": \"Not found.\"}`, never an HTML page.",
+                "tags": ["jobs"],
+                "security": [{}],
+                "parameters": [{"name": "path", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"404": _json(detail, "No such route.")},
+            }
+            for method in ("get", "post")
+        },
         "/media/i/{key}": {
             "get": {
                 "operationId": "media_image_retrieve",
