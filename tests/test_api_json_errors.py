@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
     ("GET", "/api/v1/nope"),
     ("GET", f"/api/v1/jobs/{uuid.UUID(int=7)}"),  # a well-formed id nobody owns
     ("GET", f"/api/v1/images/{uuid.UUID(int=7)}/credentials"),
+    ("GET", f"/api/v1/jobs/{uuid.UUID(int=7)}/events"),  # the event stream (an async view)
     ("DELETE", "/api/v1/queue"),  # 405
     ("PUT", "/api/v1/jobs"),
     ("GET", "/v1/nope"),

@@ -46,7 +46,7 @@ def own_job(request, job_id) -> GenerationJob:
     # Another user's job is a 404, never a 403: existence does not leak.
     job = _OWN_JOB.first(id=job_id, owner=request.user.pk)
     if job is None:
-        raise Http404("No GenerationJob matches the given query.")
+        raise Http404
     return job
 
 

@@ -54,7 +54,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         if job is None:
             await self.close(code=CLOSE_NOT_FOUND)
             return
-        refused = await sync_to_async(stream_refusal)(user.pk)
+        refused = await sync_to_async(stream_refusal, thread_sensitive=False)(user.pk)  # Redis only: off the shared thread
         if refused is not None:
             detail = refused.detail
             await self._refuse(CLOSE_TOO_MANY_STREAMS, detail["detail"], detail["limit"], detail["retry_after"])

@@ -41,8 +41,8 @@ async def job_events(request, job_id):
         )
     job = await owned_job(user, job_id)
     if job is None:
-        return JsonResponse({"detail": "No GenerationJob matches the given query."}, status=404)
-    refused = await sync_to_async(stream_refusal)(user.pk)
+        return JsonResponse({"detail": "Not found."}, status=404)
+    refused = await sync_to_async(stream_refusal, thread_sensitive=False)(user.pk)  # Redis only: off the shared thread
     if refused is not None:
         return JsonResponse(refused.detail, status=429, headers={"Retry-After": str(refused.detail["retry_after"])})
     try:
