@@ -71,6 +71,7 @@ class Run:
         self.submitted: dict[str, dict] = {}  # job id -> {user, submitted_at}
         self.submit_errors: list[str] = []
         self.submit_outages: list[tuple[float, float | None]] = []  # (first failed attempt, accepted) of submits that failed
+        self.warm_up_retries: list[str] = []  # submits of the warm-up sent again (no answer, 429, 5xx)
         self.watch: dict[str, dict] = {}  # job id -> {kind, terminal: [statuses], reconnects, previews}
         self.finished: dict[str, tuple[str, float]] = {}  # job id -> (status, first seen terminal)
         self.faults: list[dict] = []
@@ -367,11 +368,28 @@ class Run:
         with self.client() as http:
             ids = []
             for i in range(n):
-                res = http.post("/api/v1/jobs", headers=headers,
-                                json={"prompt": PROMPTS[i % len(PROMPTS)], "width": 64, "height": 64,
-                                      "steps": self.burst.steps, "count": 1})
-                res.raise_for_status()
-                ids.append(res.json()["id"])
+                body = {"prompt": PROMPTS[i % len(PROMPTS)], "width": 64, "height": 64, "steps": self.burst.steps,
+                        "count": 1}
+                # As the burst's clients do: a submit that got no answer (a connection the balancer or
+                # a web process closed) is sent again under its Idempotency-Key, a bounded number of
+                # times; each such retry is counted in the report (warm_up_retries).
+                key = str(uuid.uuid4())
+                for _attempt in range(40):
+                    try:
+                        res = http.post("/api/v1/jobs", headers={**headers, "Idempotency-Key": key}, json=body)
+                    except httpx.TransportError as exc:
+                        self.warm_up_retries.append(repr(exc)[:200])
+                        time.sleep(0.5)
+                        continue
+                    if res.status_code == 429 or res.status_code >= 500:
+                        self.warm_up_retries.append(f"{res.status_code} {res.text[:100]}")
+                        time.sleep(min(5.0, float(res.headers.get("Retry-After", "1"))))
+                        continue
+                    res.raise_for_status()
+                    ids.append(res.json()["id"])
+                    break
+                else:
+                    raise RuntimeError(f"a warm-up submit was never accepted: {self.warm_up_retries[-3:]}")
             deadline = time.monotonic() + timeout
             mine: list[dict] = []
             while time.monotonic() < deadline:
@@ -516,6 +534,7 @@ class Run:
             "submit_to_done_p50_s": pct(0.50), "submit_to_done_p95_s": pct(0.95),
             "gpu_duty_cycle": {w: round(t / max(1e-9, wall), 3) for w, t in sorted(busy.items())},
             "faults": self.faults,
+            "warm_up_retries": self.warm_up_retries,
             # Procfile processes that exited on their own (and were started again, as a platform does).
             "process_restarts": dict(self.fleet.restarts), "process_restart_log": list(self.fleet.restart_log),
             "done_by_host": dict(sorted(done_by_host.items())),
