@@ -80,7 +80,6 @@ def test_openai_route_replays_the_same_job(alice, settings):
 
 # --- deadlines ---
 
-@pytest.mark.django_db(transaction=True)
 def _deadline_passes(job_id: str) -> None:
     """The job's deadline is moved into the past and the reaper runs once, here: waiting for a
     short deadline would race the job's own admission (a prompt check slower than the deadline
@@ -91,6 +90,7 @@ def _deadline_passes(job_id: str) -> None:
     reap()
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_deadline_cancels_a_queued_job_uncharged(workers, alice_api):
     """In a lane with no GPU worker the job stays queued; once cancel_after has passed the
     reaper cancels it, and it is never charged."""
