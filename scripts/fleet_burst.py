@@ -71,7 +71,7 @@ class Run:
         self.submitted: dict[str, dict] = {}  # job id -> {user, submitted_at}
         self.submit_errors: list[str] = []
         self.submit_outages: list[tuple[float, float | None]] = []  # (first failed attempt, accepted) of submits that failed
-        self.warm_up_retries: list[str] = []  # submits of the warm-up sent again (no answer, 429, 5xx)
+        self.warm_up_retries: list[str] = []  # warm-up submits accepted only after a lost try (no answer, 5xx)
         self.watch: dict[str, dict] = {}  # job id -> {kind, terminal: [statuses], reconnects, previews}
         self.finished: dict[str, tuple[str, float]] = {}  # job id -> (status, first seen terminal)
         self.faults: list[dict] = []
@@ -88,6 +88,28 @@ class Run:
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.fleet.url, verify=self.ca, timeout=httpx.Timeout(15.0, connect=3.0))
 
+    def submit(self, http: httpx.Client, headers: dict, body: dict) -> tuple[dict | None, float | None, str]:
+        """One submit as a client that keeps its work does: sent again under its Idempotency-Key
+        through lost answers, 5xx and 429s (bounded: ~60 s). (the job or None, when the first try
+        failed or None, the refusal of a 4xx)."""
+        key = str(uuid.uuid4())
+        failed_at = None
+        for _attempt in range(40):
+            try:
+                res = http.post("/api/v1/jobs", json=body, headers={**headers, "Idempotency-Key": key})
+                if res.status_code in (200, 202):  # 200: the answer to an earlier try of this key
+                    return res.json(), failed_at, ""
+                if res.status_code == 429:
+                    time.sleep(min(5.0, float(res.headers.get("Retry-After", "1"))))
+                    continue
+                if res.status_code < 500:
+                    return None, failed_at, f"{res.status_code} {res.text[:200]}"
+            except httpx.HTTPError:
+                pass
+            failed_at = failed_at or time.time()
+            time.sleep(0.5)
+        return None, failed_at, ""
+
     def submit_all(self, user: str, token: str, n: int, spacing: float) -> None:
         headers = {"Authorization": f"Token {token}"}
         with self.client() as http:
@@ -95,25 +117,9 @@ class Run:
                 if self.stop.is_set():
                     return
                 body = {"prompt": random.choice(PROMPTS), "width": 64, "height": 64, "steps": self.burst.steps, "count": 1}
-                key = str(uuid.uuid4())
-                job = None
-                failed_at = None
-                for _attempt in range(40):  # bounded: ~60 s of retries through web-host losses
-                    try:
-                        res = http.post("/api/v1/jobs", json=body, headers={**headers, "Idempotency-Key": key})
-                        if res.status_code == 202:
-                            job = res.json()
-                            break
-                        if res.status_code == 429:
-                            time.sleep(min(5.0, float(res.headers.get("Retry-After", "1"))))
-                            continue
-                        if res.status_code < 500:
-                            self.submit_errors.append(f"{user}: {res.status_code} {res.text[:200]}")
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    failed_at = failed_at or time.time()
-                    time.sleep(0.5)
+                job, failed_at, refused = self.submit(http, headers, body)
+                if refused:
+                    self.submit_errors.append(f"{user}: {refused}")
                 if failed_at is not None:
                     with self.lock:
                         self.submit_outages.append((failed_at, time.time() if job is not None else None))
@@ -370,26 +376,12 @@ class Run:
             for i in range(n):
                 body = {"prompt": PROMPTS[i % len(PROMPTS)], "width": 64, "height": 64, "steps": self.burst.steps,
                         "count": 1}
-                # As the burst's clients do: a submit that got no answer (a connection the balancer or
-                # a web process closed) is sent again under its Idempotency-Key, a bounded number of
-                # times; each such retry is counted in the report (warm_up_retries).
-                key = str(uuid.uuid4())
-                for _attempt in range(40):
-                    try:
-                        res = http.post("/api/v1/jobs", headers={**headers, "Idempotency-Key": key}, json=body)
-                    except httpx.TransportError as exc:
-                        self.warm_up_retries.append(repr(exc)[:200])
-                        time.sleep(0.5)
-                        continue
-                    if res.status_code == 429 or res.status_code >= 500:
-                        self.warm_up_retries.append(f"{res.status_code} {res.text[:100]}")
-                        time.sleep(min(5.0, float(res.headers.get("Retry-After", "1"))))
-                        continue
-                    res.raise_for_status()
-                    ids.append(res.json()["id"])
-                    break
-                else:
-                    raise RuntimeError(f"a warm-up submit was never accepted: {self.warm_up_retries[-3:]}")
+                job, failed_at, refused = self.submit(http, headers, body)  # sent again as the burst's are
+                if job is None:
+                    raise RuntimeError(f"a warm-up submit was never accepted: {refused or 'no answer'}")
+                if failed_at is not None:
+                    self.warm_up_retries.append(f"{job['id']}: answered {time.time() - failed_at:.1f} s after a lost try")
+                ids.append(job["id"])
             deadline = time.monotonic() + timeout
             mine: list[dict] = []
             while time.monotonic() < deadline:

@@ -268,6 +268,19 @@ def bob_api(bob):
     return client_for(bob)
 
 
+def wait_until(predicate, timeout: float = 60.0, what: str = "the condition", pause: float = 0.1):
+    """predicate()'s first truthy value, polled until `timeout`; else AssertionError naming `what`.
+    The suite's one generic condition wait (a deadline, never a fixed sleep for work)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = predicate()
+        if found:
+            return found
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not seen within {timeout:g} s")
+        time.sleep(pause)
+
+
 def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", "review"), timeout: float = 180.0):
     from jobs.models import GenerationJob
 

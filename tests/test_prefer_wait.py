@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import admitted_to, wait_for_status
+from tests.conftest import admitted_to, wait_for_status, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,10 +66,7 @@ def test_one_user_holds_at_most_the_bound_of_waits_and_the_next_is_answered_at_o
         threads = [threading.Thread(target=held_submit, args=(7100 + i,)) for i in range(2)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 60
-        while prefer.held(alice.pk) < 2:
-            assert time.monotonic() < deadline, "the two waits never started"
-            time.sleep(0.05)
+        wait_until(lambda: prefer.held(alice.pk) == 2, 60, "the two held waits")
         third = alice_api.post("/api/v1/jobs", {**BODY, "seed": 7102}, format="json", HTTP_PREFER="wait=120")
         assert third.status_code == 202 and "Preference-Applied" not in third
         for job in GenerationJob.objects.filter(owner=alice, seed__in=(7100, 7101)):
@@ -106,21 +103,17 @@ def test_a_client_that_leaves_while_waiting_releases_its_wait(worker_env):
                 f"Content-Type: application/json\r\nPrefer: wait=300\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         with socket.create_connection((server.host, server.port), timeout=10) as sock:
             sock.sendall(head + body)
-            deadline = time.monotonic() + 60
-            while not GenerationJob.objects.filter(owner=user, seed=7200).exists():  # submitted: now it waits
-                assert time.monotonic() < deadline, server.log_tail()
-                time.sleep(0.05)
-        # The client has gone. Its wait ends, so the next submit is waited on (Preference-Applied).
-        deadline = time.monotonic() + 60
-        seed = 7201
-        while True:
-            again = httpx.post(f"{server.url}/api/v1/jobs", json={**BODY, "seed": seed}, timeout=30,
+            # submitted: from now on it waits
+            wait_until(lambda: GenerationJob.objects.filter(owner=user, seed=7200).exists(), 60, "the held submit")
+        # The client has gone. Its wait ends, so a next submit is waited on (Preference-Applied).
+        seeds = iter(range(7201, 7300))
+
+        def waited_on() -> bool:
+            again = httpx.post(f"{server.url}/api/v1/jobs", json={**BODY, "seed": next(seeds)}, timeout=30,
                                headers={"Authorization": f"Token {token}", "Prefer": "wait=0.1"})
             assert again.status_code == 202, again.text
-            if again.headers.get("Preference-Applied") == "wait=0.1":
-                break
-            assert time.monotonic() < deadline, "the wait of the client that left was never released"
-            seed += 1
-            time.sleep(0.2)
+            return again.headers.get("Preference-Applied") == "wait=0.1"
+
+        wait_until(waited_on, 60, "the release of the wait whose client left", pause=0.2)
     finally:
         stop_group(server.proc, 10)

@@ -6,12 +6,11 @@ the messages waiting in each on the broker; the staff dashboard shows the same."
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 from django.test import Client
 
-from tests.conftest import make_user
+from tests.conftest import make_user, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,13 +34,7 @@ def containing(fetch, *needles: str):
 
 
 def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError("not seen in time")
+    return wait_until(predicate, timeout, pause=0.5)
 
 
 def test_every_worker_heartbeats_with_its_queues_and_every_routed_queue_shows_its_consumers(workers, settings):
