@@ -2,8 +2,8 @@
 types with the same commands (modulo the Procfile's shell wrapper: its `VAR=value` prefixes are the
 manifest's `env`, its `$VAR` / `${VAR:-default}` are whatever the manifest writes there, a value
 its `env` sets when it sets one) and consume the same queues, every queue of the routing table has
-a consumer in both, and the image the manifest names is the one the README builds from the
-Containerfile. What can be checked of the Containerfile without a container runtime is checked
+a consumer in both, and the image the manifest names is the one docs/operations.md builds from
+the Containerfile. What can be checked of the Containerfile without a container runtime is checked
 here too: its COPY sources exist and are not ignored, its default command is a Procfile line, it
 installs the project's requirements, and those resolve in a clean virtualenv."""
 
@@ -173,24 +173,25 @@ def tagged(name: str) -> str:
     return name if ":" in name.rsplit("/", 1)[-1] else name + ":latest"
 
 
-def readme_images() -> dict[str, str]:
-    """The tags the README's build commands give the images (`... build -f Containerfile
-    [--build-arg A=B ...] -t NAME .`), each with its build arguments."""
+def documented_images() -> dict[str, str]:
+    """The tags the build commands of docs/operations.md ("The image", linked from the README)
+    give the images (`... build -f Containerfile [--build-arg A=B ...] -t NAME .`), each with its
+    build arguments."""
     built: dict[str, str] = {}
     for args, name in re.findall(r"(?:podman|docker) build -f Containerfile((?: --build-arg \S+)*) -t (\S+) \.",
-                                 (ROOT / "README.md").read_text()):
-        assert built.get(tagged(name), args) == args, f"the README builds {name} two ways"
+                                 (ROOT / "docs" / "operations.md").read_text()):
+        assert built.get(tagged(name), args) == args, f"docs/operations.md builds {name} two ways"
         built[tagged(name)] = args
     return built
 
 
-def test_the_manifest_runs_the_images_the_readme_builds():
-    """Every container runs an image the README builds from the Containerfile: the GPU workers
+def test_the_manifest_runs_the_images_the_docs_build():
+    """Every container runs an image docs/operations.md builds from the Containerfile: the GPU workers
     the one with torch's CUDA build (--build-arg TORCH_INDEX=...), every other the default
     (CPU torch)."""
-    built = readme_images()
+    built = documented_images()
     for c in manifest():
-        assert tagged(c.image) in built, f"{c.name} runs {c.image}, which the README does not build"
+        assert tagged(c.image) in built, f"{c.name} runs {c.image}, which docs/operations.md does not build"
         cuda = "TORCH_INDEX=" in built[tagged(c.image)]
         assert cuda == c.gpu, f"{c.name} runs {c.image}: {'CUDA' if cuda else 'CPU'} torch on a {'GPU' if c.gpu else 'CPU'} pod"
 
