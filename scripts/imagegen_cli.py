@@ -7,16 +7,22 @@
     imagegen_cli.py get JOB_ID            # the job's JSON
     imagegen_cli.py verify FILE [--trust ROOTS.pem] [--json]   # the file's content credentials (C2PA)
 
-The server and the API token come from --url / --token, or IMAGEGEN_URL / IMAGEGEN_TOKEN
-(default URL http://127.0.0.1:8000). Get a token with `python manage.py issue_token USER`.
-Exit status: 0 on success; 1 on an HTTP or connection error; for `watch`, 2 when the job ends
-in a status other than done; for `verify`, 2 when the signature is intact but its signer is not
-among the trusted roots, 3 when the file has no manifest or it does not verify.
+Runs with a bare python3 (the system's): the standard library only, `verify` aside.
+The server and the API token come from --url / --token, else IMAGEGEN_URL / IMAGEGEN_TOKEN, else
+the block `make run` writes to var/run-info.txt (IMAGEGEN_VAR_DIR/run-info.txt when that is set;
+its token is sent to its own URL only), else the URL http://127.0.0.1:8000 and no token. Get a
+token with `.venv/bin/python manage.py issue_token USER`.
+Exit status: 0 on success; 1 on an HTTP or connection error (a 400 about the width or height of
+a --size is reported as `size`); 2 on a bad argument (a --size that is not WIDTHxHEIGHT); for
+`watch`, 2 when the job ends in a status other than done; for `verify`, 2 when the signature is
+intact but its signer is not among the trusted roots, 3 when the file has no manifest or it does
+not verify.
 
-`verify` needs no server and no token, but c2pa-python (the repository's requirements): it reads
-the manifest with c2pa's reader and checks its signature, its binding to the file's bytes and its
-certificate chain, trusting --trust, IMAGEGEN_C2PA_TRUST_ANCHORS or this checkout's embedded root
-(var/c2pa/root.pem).
+`verify` needs no server and no token, but the project's packages (c2pa-python's reader checks
+the manifest's signature, its binding to the file's bytes and its certificate chain): a python3
+without them runs it again with this checkout's .venv/bin/python, or, with no .venv, says in one
+line what to run. It trusts --trust, IMAGEGEN_C2PA_TRUST_ANCHORS or the checkout's embedded root
+(var/c2pa/root.pem, under IMAGEGEN_VAR_DIR when set).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import urllib.error
 import urllib.parse
@@ -31,10 +38,44 @@ import urllib.request
 from pathlib import Path
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+ROOT = Path(__file__).resolve().parent.parent
+VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
+SIZE = re.compile(r"(\d+)x(\d+)")
 
 
 class ApiError(Exception):
-    pass
+    """An HTTP error answer (status, its decoded body) or, with status 0, no answer at all."""
+
+    def __init__(self, status: int, payload: object, retry_after: str | None = None):
+        super().__init__(status, payload)
+        self.status, self.payload, self.retry_after = status, payload, retry_after
+
+    def __str__(self) -> str:
+        if not self.status:
+            return str(self.payload)
+        message = f"HTTP {self.status}"
+        payload = self.payload
+        if isinstance(payload, dict) and set(payload) - {"detail"}:
+            message += f": {json.dumps(payload)}"
+        elif isinstance(payload, dict):
+            message += f": {payload['detail']}"
+        elif payload:
+            message += f": {payload}"
+        if self.retry_after:
+            message += f" (retry after {self.retry_after} s)"
+        return message
+
+    def fields_renamed(self, names: dict[str, str]) -> ApiError:
+        """The same error with its field errors under other names (several may merge into one)."""
+        if self.status != 400 or not isinstance(self.payload, dict) or not set(self.payload) & set(names):
+            return self
+        renamed: dict = {}
+        for field, errors in self.payload.items():
+            bucket = renamed.setdefault(names.get(field, field), [])
+            for error in errors if isinstance(errors, list) else [errors]:
+                if error not in bucket:
+                    bucket.append(error)
+        return ApiError(self.status, renamed, self.retry_after)
 
 
 class Client:
@@ -58,9 +99,9 @@ class Client:
         try:
             return urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
-            raise ApiError(describe_http_error(exc)) from None
+            raise http_error(exc) from None
         except urllib.error.URLError as exc:
-            raise ApiError(f"cannot reach {self.base_url}: {exc.reason}") from None
+            raise ApiError(0, f"cannot reach {self.base_url}: {exc.reason}") from None
 
     def json(self, method: str, path: str, body: dict | None = None) -> dict:
         with self._request(method, path, body) as response:
@@ -95,23 +136,13 @@ class Client:
             return response.read()
 
 
-def describe_http_error(exc: urllib.error.HTTPError) -> str:
+def http_error(exc: urllib.error.HTTPError) -> ApiError:
     body = exc.read()
     try:
         payload = json.loads(body)
     except ValueError:
         payload = body.decode("utf-8", "replace")[:300]
-    message = f"HTTP {exc.code}"
-    if isinstance(payload, dict) and set(payload) - {"detail"}:
-        message += f": {json.dumps(payload)}"
-    elif isinstance(payload, dict):
-        message += f": {payload['detail']}"
-    elif payload:
-        message += f": {payload}"
-    retry_after = exc.headers.get("Retry-After")
-    if retry_after:
-        message += f" (retry after {retry_after} s)"
-    return message
+    return ApiError(exc.code, payload, exc.headers.get("Retry-After"))
 
 
 def describe_event(event: dict) -> str:
@@ -133,11 +164,14 @@ def describe_event(event: dict) -> str:
 
 
 def parse_size(text: str) -> tuple[int, int]:
-    try:
-        width, height = text.lower().split("x")
-        return int(width), int(height)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT") from None
+    """WIDTHxHEIGHT in pixels; whether the server's size menu has it is the server's to say."""
+    match = SIZE.fullmatch(text.strip().lower())
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT in pixels (for example 64x64)")
+    width, height = int(match[1]), int(match[2])
+    if not width or not height:
+        raise argparse.ArgumentTypeError(f"{text!r}: each side is at least 1 pixel")
+    return width, height
 
 
 def cmd_submit(client: Client, args) -> int:
@@ -148,7 +182,11 @@ def cmd_submit(client: Client, args) -> int:
         value = getattr(args, name)
         if value is not None:
             body[name] = value
-    job = client.submit(body)
+    try:
+        job = client.submit(body)
+    except ApiError as exc:
+        # The API takes the size as width and height; the user gave it as --size.
+        raise (exc.fields_renamed({"width": "size", "height": "size"}) if args.size else exc) from None
     print(job["id"])
     return 0
 
@@ -182,12 +220,41 @@ def cmd_download(client: Client, args) -> int:
     return 0
 
 
-def cmd_verify(args) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from jobs.media.credentials import verify
+def shown(path: Path) -> str:
+    """A path as it can be typed from the current folder."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def var_dir() -> Path:
+    """The checkout's var folder, as the service's settings and `make run` find it."""
+    return Path(os.environ.get("IMAGEGEN_VAR_DIR") or ROOT / "var")
+
+
+def with_project_packages(argv: list[str], missing: ImportError) -> int:
+    """Run this command again with the checkout's .venv python (what `make run` installs), or
+    say in one line what to run when there is none (or it lacks the packages too)."""
+    if VENV_PYTHON.exists() and os.path.abspath(sys.executable) != str(VENV_PYTHON):
+        sys.stdout.flush()
+        os.execv(VENV_PYTHON, [str(VENV_PYTHON), str(Path(__file__).resolve()), *argv])
+    make = "make" if ROOT == Path.cwd() else f"make -C {shown(ROOT)}"
+    command = " ".join([shown(VENV_PYTHON), shown(Path(__file__).resolve()), *argv])
+    print(f"verify needs the project's packages, which {sys.executable} lacks ({missing}): "
+          f"run `{make} install-run`, then `{command}`", file=sys.stderr)
+    return 1
+
+
+def cmd_verify(args, argv: list[str]) -> int:
+    sys.path.insert(0, str(ROOT))
+    try:
+        from jobs.media.credentials import verify
+    except ImportError as exc:
+        return with_project_packages(argv, exc)
 
     trust = args.trust or os.environ.get("IMAGEGEN_C2PA_TRUST_ANCHORS") or ""
-    embedded_root = Path(__file__).resolve().parent.parent / "var" / "c2pa" / "root.pem"
+    embedded_root = var_dir() / "c2pa" / "root.pem"
     if not trust and embedded_root.exists():
         trust = str(embedded_root)
     check = verify(Path(args.file).read_bytes(), trust_anchors=trust or None)
@@ -212,8 +279,8 @@ def cmd_verify(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="imagegen_cli.py", description="imagegen command-line client (native API)")
-    parser.add_argument("--url", default=os.environ.get("IMAGEGEN_URL") or DEFAULT_URL, help="server URL (env IMAGEGEN_URL)")
-    parser.add_argument("--token", default=os.environ.get("IMAGEGEN_TOKEN"), help="API token (env IMAGEGEN_TOKEN)")
+    parser.add_argument("--url", help=f"server URL (env IMAGEGEN_URL, else var/run-info.txt's, else {DEFAULT_URL})")
+    parser.add_argument("--token", help="API token (env IMAGEGEN_TOKEN, else var/run-info.txt's for its URL)")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request (watch: between events)")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -235,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("job_id")
     get.set_defaults(func=cmd_get)
 
-    download = sub.add_parser("download", help="save the job's images as PNG files")
+    download = sub.add_parser("download", help="save the job's images (PNG, JPEG or WebP, as the job made them)")
     download.add_argument("job_id")
     download.add_argument("-o", "--output", default=".", help="folder (default: the current one)")
     download.set_defaults(func=cmd_download)
@@ -248,14 +315,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run_info(path: Path) -> tuple[str, str] | None:
+    """(URL, token) from the block `make run` writes once the service is ready (scripts/run.py)."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    url = re.search(r"imagegen is ready at (\S+)", text)
+    token = re.search(r"^\s*API token\s+(\S+)\s*$", text, re.MULTILINE)
+    return (url[1].rstrip("/"), token[1]) if url and token else None
+
+
+def connection(args) -> tuple[str, str | None, str]:
+    """The server URL, the token and, when no token was found, the one line that says why."""
+    path = var_dir() / "run-info.txt"
+    info = run_info(path)
+    url = (args.url or os.environ.get("IMAGEGEN_URL") or (info[0] if info else DEFAULT_URL)).rstrip("/")
+    token = args.token or os.environ.get("IMAGEGEN_TOKEN")
+    if token:
+        return url, token, ""
+    if info and info[0] == url:
+        return url, info[1], ""
+    if info:
+        return url, None, (f"no API token for {url}: pass --token or set IMAGEGEN_TOKEN "
+                           f"(the token in {shown(path)} is for {info[0]})")
+    return url, None, (f"no API token: pass --token, set IMAGEGEN_TOKEN, or start the service with `make run` "
+                       f"(it writes one to {shown(path)}; or `.venv/bin/python manage.py issue_token USER`)")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if args.command == "verify":
-        return cmd_verify(args)
-    if not args.token:
-        print("no API token: pass --token or set IMAGEGEN_TOKEN (python manage.py issue_token USER)", file=sys.stderr)
+        return cmd_verify(args, argv)
+    url, token, missing = connection(args)
+    if not token:
+        print(missing, file=sys.stderr)
         return 1
-    client = Client(args.url, args.token, timeout=args.timeout)
+    client = Client(url, token, timeout=args.timeout)
     try:
         return args.func(client, args)
     except ApiError as exc:
