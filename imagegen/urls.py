@@ -9,6 +9,7 @@ from jobs.api import account as account_views
 from jobs.api import delete as delete_views
 from jobs.api import errors, views
 from jobs.api import page as web
+from jobs.api import review as review_views
 from jobs.api import staff as staff_views
 from jobs.api import verify as verify_views
 from jobs.api.openai import compat as openai_compat
@@ -35,6 +36,8 @@ urlpatterns = [
     path("api/v1/jobs/<uuid:job_id>/cancel", views.JobCancel.as_view(), name="job-cancel"),
     path("api/v1/jobs/<uuid:job_id>/appeal", views.JobAppeal.as_view(), name="job-appeal"),
     path("api/v1/jobs/<uuid:job_id>/events", sse.job_events, name="job-events"),
+    path("api/v1/review", review_views.ReviewQueue.as_view(), name="review-list"),
+    path("api/v1/review/<uuid:job_id>/decision", review_views.ReviewDecision.as_view(), name="review-decision"),
     path("api/v1/images/<uuid:image_id>", regenerate.ImageDetail.as_view(), name="image-detail"),
     path("api/v1/images/<uuid:image_id>/credentials", verify_views.ImageCredentials.as_view(), name="image-credentials"),
     path("staff/images/<uuid:image_id>", staff_views.staff_image, name="staff-image"),

@@ -3,14 +3,23 @@
 Every decision is a SafetyVerdict at stage "human" with the reviewer and notes, and a
 compare-and-set on the job's stage, so two moderators acting at once cannot both win. An
 approved prompt moves on as the gate's allow would have moved it (jobs.actions.admit).
+`decide` is the one door of the admin's buttons, its bulk actions and the moderation API: a case
+is decided once, and a decision on a case that is not open raises CaseNotOpen.
+
+An appeal a moderator overturned whose job a check then blocks again (the image gate on the
+images the approval let be made, or the rewrite's check) is open again
+(`reopen_appeals_blocked_again`, in the transaction of that block): the user's appeal shows as
+pending with a reason that says so, and the case is back in the queue, where the moderator who
+overturned it is told (`overturned_then_blocked`).
 """
 
 from __future__ import annotations
 
 import logging
 
-from django.db import transaction
-from django.db.models import Q
+from django.db import models, transaction
+from django.db.models import Exists, F, OuterRef, Q, Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from imagegen import metrics
@@ -29,13 +38,74 @@ class ReviewError(Exception):
     pass
 
 
-def review_queue():
-    """Held jobs, and blocked jobs with an undecided appeal, oldest first."""
-    from django.db.models import Q
+class CaseNotOpen(ReviewError):
+    """The job is not waiting for a moderator (decided already, or never a case)."""
 
-    return GenerationJob.objects.filter(
-        Q(stage=JobStage.REVIEW) | Q(stage=JobStage.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
-    ).order_by("created_at")
+
+class NoSuchCase(ReviewError):
+    pass
+
+
+DECISIONS = ("approve", "reject")
+OPEN_CASE = Q(stage=JobStage.REVIEW) | Q(stage=JobStage.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
+BLOCKED_AGAIN = (" (This came after a moderator overturned the earlier block on your appeal: your appeal stays "
+                 "open and a moderator looks at this too.)")
+
+
+def overturned_before(reviewer=None) -> Exists:
+    """A moderator's allow after the appeal (by `reviewer`, when given): an open appeal with one
+    was overturned once and blocked again."""
+    verdicts = SafetyVerdict.objects.filter(job=OuterRef("pk"), stage="human", decision="allow",
+                                            created_at__gte=OuterRef("appealed_at"))
+    return Exists(verdicts.filter(reviewer=reviewer) if reviewer is not None else verdicts)
+
+
+def review_queue():
+    """Held jobs, and blocked jobs with an undecided appeal, oldest first; each annotated with
+    `reopened` (an appeal overturned once, then blocked again)."""
+    return GenerationJob.objects.filter(OPEN_CASE).annotate(reopened=overturned_before()).order_by("created_at")
+
+
+def case_kind(job: GenerationJob) -> str:
+    """held (a check held it), appeal (its owner appealed a block) or reopened_appeal."""
+    if job.stage == JobStage.REVIEW:
+        return "held"
+    return "reopened_appeal" if getattr(job, "reopened", False) else "appeal"
+
+
+def overturned_then_blocked(reviewer):
+    """The open cases `reviewer` overturned on appeal that a check blocked again since."""
+    return review_queue().filter(stage=JobStage.BLOCKED).filter(overturned_before(reviewer))
+
+
+def is_open(job: GenerationJob) -> bool:
+    return job.stage == JobStage.REVIEW or (
+        job.stage == JobStage.BLOCKED and job.appealed_at is not None and not job.appeal_outcome)
+
+
+def decide(job_id, decision: str, reviewer, notes: str = "") -> str:
+    """A moderator's decision on one case, `approve` or `reject`: the outcome (approved,
+    rejected, overturned, upheld). The row is locked for the decision, so of two decisions at
+    once the second finds the case decided: CaseNotOpen (NoSuchCase for an unknown job)."""
+    if decision not in DECISIONS:
+        raise ValueError(f"a decision is one of {DECISIONS}, not {decision!r}")
+    with transaction.atomic():
+        job = GenerationJob.objects.select_for_update().filter(id=job_id).first()
+        if job is None:
+            raise NoSuchCase("no such case")
+        if not is_open(job):
+            decided = f", appeal {job.appeal_outcome}" if job.appeal_outcome else ""
+            raise CaseNotOpen(f"this case is not open: the job is {job.status}{decided}")
+        return (approve if decision == "approve" else reject)(job, reviewer, notes)
+
+
+def reopen_appeals_blocked_again(job_ids) -> None:
+    """Called by every status change, inside its transaction, before anyone hears of it
+    (jobs.actions.notify): of these jobs, those whose appeal a moderator overturned and that a
+    check (not a moderator) has blocked again have their appeal open again."""
+    GenerationJob.objects.filter(id__in=list(job_ids), stage=JobStage.BLOCKED, appeal_outcome="overturned").exclude(
+        blocked_stage="human").update(
+        appeal_outcome="", reason=Concat(F("reason"), Value(BLOCKED_AGAIN), output_field=models.TextField()))
 
 
 def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) -> None:
@@ -76,7 +146,7 @@ def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
                     appeal_outcome="overturned" if appeal else job.appeal_outcome,
                 )
                 if not updated:
-                    raise ReviewError("the case was decided meanwhile")
+                    raise CaseNotOpen("the case was decided meanwhile")
                 _publish_images(job)
                 metrics.count_jobs(JobStatus.DONE, job.model_version)
                 status_on_commit(job.id)
@@ -86,10 +156,10 @@ def approve(job: GenerationJob, reviewer, notes: str = "") -> str:
                 # The prompt (or its rewrite) approved: on to the rewriter or the scheduler.
                 if not admit(job.id, from_stages=[source], reason="", blocked_stage="", finished_at=None,
                              appeal_outcome="overturned" if appeal else job.appeal_outcome):
-                    raise ReviewError("the case was decided meanwhile")
+                    raise CaseNotOpen("the case was decided meanwhile")
                 _verdict(job, "allow", reviewer, notes, "prompt approved by a moderator")
         else:
-            raise ReviewError(f"a {job.status} job is not waiting for review")
+            raise CaseNotOpen(f"a {job.status} job is not waiting for review")
     return "overturned" if appeal else "approved"
 
 
@@ -100,7 +170,7 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
     with transaction.atomic():
         if appeal:
             updated = bool(GenerationJob.objects.filter(id=job.id, stage=JobStage.BLOCKED, appeal_outcome="").update(
-                appeal_outcome="upheld", reason=f"{job.reason} (appeal upheld: {reason})"
+                appeal_outcome="upheld", reason=f"{job.reason.removesuffix(BLOCKED_AGAIN)} (appeal upheld: {reason})"
             ))
             if updated:
                 status_on_commit(job.id)  # the same status, a new reason
@@ -110,9 +180,9 @@ def reject(job: GenerationJob, reviewer, notes: str = "") -> str:
             updated = move(job.id, JobStage.REVIEW, JobStage.BLOCKED, reason=reason, finished_at=timezone.now(),
                            blocked_stage="human")
         else:
-            raise ReviewError(f"a {job.status} job is not waiting for review")
+            raise CaseNotOpen(f"a {job.status} job is not waiting for review")
         if not updated:
-            raise ReviewError("the case was decided meanwhile")
+            raise CaseNotOpen("the case was decided meanwhile")
         _verdict(job, "block", reviewer, notes, reason)
     return "upheld" if appeal else "rejected"
 

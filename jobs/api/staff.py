@@ -4,7 +4,9 @@
 admin's review queue links here). ``?redirect=1`` answers a short-lived presigned URL redirect
 instead when the image lives on S3, so large reviews do not stream through the web process.
 Anyone who is not an active staff member with the review permission gets 404 (existence does
-not leak), like any other image they do not own.
+not leak), like any other image they do not own. A moderator's tool (the moderation API,
+jobs/api/review.py, lists these URLs) sends its full-scope token, `Authorization: Token ...` or
+`Bearer ...`, instead of a session.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from django.http import FileResponse, Http404, HttpResponseRedirect
 from django.views.decorators.http import require_GET
 
+from jobs.access import tokens
 from jobs.media.storage import is_s3, storage_for_tier
 from jobs.models import GeneratedImage
 
@@ -19,12 +22,21 @@ REVIEW_PERM = "safety.review_content"
 
 
 def can_see_private_images(user) -> bool:
-    return bool(user.is_authenticated and user.is_active and user.is_staff and user.has_perm(REVIEW_PERM))
+    return bool(user is not None and user.is_authenticated and user.is_active and user.is_staff and user.has_perm(REVIEW_PERM))
+
+
+def _user_of(request):
+    """The session's user, or a full-scope token's (a token of scope jobs reaches no staff route)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() not in ("token", "bearer") or not token.strip():
+        return request.user
+    row = tokens.find(token.strip())
+    return row.user if row is not None and row.scope == "full" else None
 
 
 @require_GET
 def staff_image(request, image_id):
-    if not can_see_private_images(request.user):
+    if not can_see_private_images(_user_of(request)):
         raise Http404("no such image")
     image = GeneratedImage.objects.filter(id=image_id).first()
     if image is None or image.bytes_dropped:
