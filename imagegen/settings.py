@@ -1,4 +1,4 @@
-"""Settings for imagegen. Every knob is read from the environment; see the README's table."""
+"""Settings for imagegen. Every knob is read from the environment; see docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ LOGOUT_REDIRECT_URL = "/"
 # --- Redis: broker, channel layer, scheduler state ---
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# --- the web tier (imagegen/asgi.py, scripts/run.py, README "Running the API tier") ---
+# --- the web tier (imagegen/asgi.py, scripts/run.py, docs/operations.md "Running the API tier") ---
 # Processes that serve HTTP and websockets on one port (0: one per CPU core, at most 8); sync
 # views run on WEB_THREADS threads in each. A request that finds every thread busy waits with
 # at most WEB_BACKLOG others, and at most WEB_QUEUE_TIMEOUT seconds; past either it is
@@ -288,7 +288,7 @@ IMAGEGEN_QUALITY_STEPS = {"low": 8, "medium": 20, "high": 40} | {
 # The levers a tier bundles on the default model, "low:cfg-cutoff=0.5" (gpu_tasks/levers.py
 # `variant`): a job of that tier runs its pass with them, in batches of its own, and its cache
 # entries are its own. Other served models take theirs from serving.json (`quality_levers`).
-# Measured (bench/quality_tiers.py, README "Measured"): at low's 8 steps the cutoff lifts colour
+# Measured (bench/quality_tiers.py, docs/benchmarks.md "Quality tiers of the shipped model"): at low's 8 steps the cutoff lifts colour
 # accuracy from 66% to 100% and is faster; at 20 and 40 steps it costs 14-16 points of shape
 # accuracy, so only low bundles it. "none" bundles nothing.
 IMAGEGEN_QUALITY_LEVERS = {
@@ -344,7 +344,7 @@ IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
 # IMAGEGEN_CACHE_SHARE_K distinct users asked for it, answered no sooner than a fresh job of its
 # shape would finish; user: an entry serves only its owner; global-unseeded: requests without a
 # seed are shared; global: all are. A plain shared cache tells anyone whether someone asked for
-# the same thing (jobs/media/cache.py, README "Limits and abuse").
+# the same thing (jobs/media/cache.py, docs/limits.md "Limits and abuse").
 IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "k-anonymous", ("k-anonymous", "user", "global-unseeded", "global"))
 IMAGEGEN_CACHE_SHARE_K = env_int("IMAGEGEN_CACHE_SHARE_K", 3)
 IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed

@@ -10,7 +10,7 @@ The broker is the services host's Redis, or (`--broker rabbitmq`, `Fleet(broker=
 private RabbitMQ node there (its own node name, cookie, data, logs and config under the services
 host's var folder; epmd is per network namespace, so the machine's own RabbitMQ is never touched);
 Redis stays for what the project keeps in it (channel layer, scheduler state, caches). One GPU
-host (gpu2) serves the shipped model (models/shapes-v1 on CPU, as `make run` does); the others run
+host (gpu2) serves the shipped model (models/shapes-v2 on CPU, as `make run` does); the others run
 the simulated accelerator.
 
     python scripts/fleet.py up [--broker rabbitmq]     # build it, print the addresses, wait for Ctrl-C, tear down

@@ -17,7 +17,7 @@ from tests.test_security import make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# 9 statements with the request-hash cache on (README "Query budget"; 8 with it off, as here:
+# 9 statements with the request-hash cache on (docs/benchmarks.md "Query budget of the hot paths"; 8 with it off, as here:
 # 11 before the insert stopped taking a savepoint of its own), plus one when the shape's summary
 # entry is stale and the submit recomputes it (the running batches: jobs/admission/summary.py).
 SUBMIT_BUDGET = 9

@@ -98,7 +98,7 @@ def test_no_process_exited_on_its_own(fleet_run):
 
 
 def test_the_shipped_model_host_and_the_simulated_hosts_both_generated_done_images(fleet_run):
-    """gpu2 runs the real pipeline (models/shapes-v1 on CPU); the job's image rows name the
+    """gpu2 runs the real pipeline (models/shapes-v2 on CPU); the job's image rows name the
     worker whose pass made them."""
     _, spec, report = fleet_run
     by_host = report["done_by_host"]

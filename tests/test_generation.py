@@ -71,7 +71,7 @@ def test_the_same_seed_gives_identical_pixels_and_a_different_seed_differs(worke
     a, b, c = pixels(first["id"])[0], pixels(second["id"])[0], pixels(other["id"])[0]
     # The first ran in a pass of two, the second alone: a pass's floats vary with its batch at the
     # 1e-6 level (CPU kernels), which can move a pixel by one level. Known, and a regeneration
-    # (which compares bytes) can then find its image lost; see the README's weak points.
+    # (which compares bytes) can then find its image lost; see docs/design_notes.md's weak points.
     assert np.abs(a.astype(int) - b.astype(int)).max() <= 1 and (a != b).mean() < 0.01
     assert np.abs(a.astype(int) - c.astype(int)).max() > 10
 
