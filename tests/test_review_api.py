@@ -330,6 +330,8 @@ def test_an_overturned_appeal_blocked_again_is_open_again_and_its_moderator_is_t
     assert job["reason"].startswith("This image looks like a star.") and "appeal" in job["reason"]
     [listed] = mod_api.get("/api/v1/review").json()["results"]
     assert listed["id"] == str(case.id) and listed["kind"] == "reopened_appeal"
+    assert [(v["stage"], v["reviewer"], v["notes"]) for v in listed["verdicts"]] == [
+        ("prompt", None, ""), ("human", "mod", "a plain shape")]
     assert listed["images"] and listed["images"][0]["tier"] == "quarantine"
 
     admin = Client()
@@ -397,3 +399,34 @@ def test_through_the_pipeline_the_user_hears_of_the_second_block_and_the_case_is
     assert alice_api.get(f"/api/v1/jobs/{job.id}").json()["appeal"]["status"] == "pending"
     [case] = client_for(moderator).get("/api/v1/review").json()["results"]
     assert case["id"] == str(job.id) and case["kind"] == "reopened_appeal" and case["job"]["blocked_stage"] == "image"
+
+
+def test_the_hand_written_reopen_changes_the_rows_the_orm_definition_names(owner):
+    """reopen_appeals_blocked_again runs on every status change as one hand-written UPDATE; the
+    ORM's `blocked_again` is its definition."""
+    from jobs.actions.review import BLOCKED_AGAIN, blocked_again, reopen_appeals_blocked_again
+
+    now = timezone.now()
+    appealed = {"appealed_at": now, "finished_at": now}
+    jobs = [
+        make_case(owner, "blocked", 1, blocked_stage="image", reason="star", appeal_outcome="overturned", **appealed),
+        make_case(owner, "blocked", 1, blocked_stage="rewrite", reason="r", appeal_outcome="overturned", **appealed),
+        make_case(owner, "blocked", 1, blocked_stage="human", reason="mod", appeal_outcome="overturned", **appealed),
+        make_case(owner, "blocked", 1, blocked_stage="image", reason="u", appeal_outcome="upheld", **appealed),
+        make_case(owner, "blocked", 1, blocked_stage="prompt", reason="p", **appealed),
+        make_case(owner, "done", 1, appeal_outcome="overturned", **appealed),
+        make_case(owner, "queued", 1, stage="waiting_gpu", appeal_outcome="overturned", appealed_at=now),
+        make_case(owner, "blocked", 1, blocked_stage="image", reason="elsewhere", appeal_outcome="overturned", **appealed),
+    ]
+    asked = [str(job.id) for job in jobs[:-1]]  # the last one's status did not change: not asked about
+    expected = set(blocked_again(asked).values_list("id", flat=True))
+    assert expected == {jobs[0].id, jobs[1].id}
+    before = {job.id: job.reason for job in jobs}
+    assert reopen_appeals_blocked_again(asked) == len(expected)
+    for job in GenerationJob.objects.filter(id__in=[j.id for j in jobs]):
+        if job.id in expected:
+            assert (job.appeal_outcome, job.reason) == ("", before[job.id] + BLOCKED_AGAIN)
+        else:
+            assert job.reason == before[job.id], job.blocked_stage
+    assert GenerationJob.objects.get(id=jobs[-1].id).appeal_outcome == "overturned"
+    assert reopen_appeals_blocked_again([]) == 0

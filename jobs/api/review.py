@@ -60,8 +60,8 @@ class ReviewVerdictSerializer(serializers.ModelSerializer):
     # Plain strings: these choice sets share their field names with the decision's own enums.
     stage = serializers.CharField(help_text="prompt, rewrite, image or human (a moderator).")
     decision = serializers.CharField(help_text="allow, review or block.")
-    reviewer = serializers.SlugRelatedField(slug_field="username", read_only=True,
-                                            help_text="The moderator, for a human verdict; null for a check's.")
+    reviewer = serializers.CharField(source="reviewer.username", read_only=True, allow_null=True,
+                                     help_text="The moderator, for a human verdict; null for a check's.")
 
     class Meta:
         model = SafetyVerdict
