@@ -6,6 +6,7 @@
     const { form, current, gallery } = window.imagegen;
     form.init();
     current.init();
-    gallery.init();
+    // After a reload the job being made (or held, or appealed) is the current job again.
+    gallery.init().then((jobs) => current.restore(jobs));
   });
 })();

@@ -89,10 +89,25 @@
     next.textContent = nextText;
     show(next, Boolean(nextText));
     show($("appeal-box"), job.status === "blocked" && !job.appeal);
+    if (job.status === "blocked" && !job.appeal) $("appeal-note").placeholder = appealPlaceholder(job);
+    const note = job.status === "blocked" && job.appeal && job.appeal.note ? job.appeal.note : "";
+    $("appeal-sent-text").textContent = note;
+    show($("appeal-sent"), Boolean(note));
   }
 
+  // What a note might say about this job (its own prompt, not an example about another one).
+  function appealPlaceholder(job) {
+    const prompt = job.prompt.length > 60 ? `${job.prompt.slice(0, 57)}…` : job.prompt;
+    return `Why “${prompt}” is fine: what it shows, what it is for.`;
+  }
+
+  // Built once per set of images: a render of the same finished job (a poll's answer, a late
+  // event) keeps what is there, an open Verify panel included.
   function showImages(job) {
     const box = $("results");
+    const key = (job.images || []).map((image) => image.id).join(",");
+    if (box.dataset.images === key && box.children.length) return;
+    box.dataset.images = key;
     box.replaceChildren();
     for (const image of job.images || []) {
       const src = safeSrc(image.url);
@@ -151,10 +166,17 @@
     else if (current.decided === "overturned" && (job.status === "done" || !TERMINAL.has(job.status))) said = "A moderator overturned the block after your appeal.";
     const decision = $("decision");
     decision.textContent = said;
+    decision.dataset.kind = said ? current.decided : "";
     show(decision, Boolean(said));
     $("cancel").hidden = TERMINAL.has(job.status);
     if (job.status === "done") showImages(job);
-    else $("results").replaceChildren();
+    else clearImages();
+    if (job.status === "running") window.imagegen.gallery.follow(job.id, current.step, job.steps);
+  }
+
+  function clearImages() {
+    $("results").replaceChildren();
+    delete $("results").dataset.images;
   }
 
   // --- live updates ------------------------------------------------------------------------
@@ -195,6 +217,7 @@
     else if (event.type === "progress") {
       if (current.job.status !== "running") { current.job.status = "running"; render(current.job); }
       setProgress(event.step, event.total);
+      window.imagegen.gallery.follow(event.job, event.step, event.total);
     } else if (event.type === "preview") setPreview(event);
   }
 
@@ -265,7 +288,8 @@
     current.step = 0;
     current.decided = null;
     current.eta = null;
-    $("results").replaceChildren();
+    clearImages();
+    remember(job);
     $("preview").removeAttribute("src");
     show($("preview-figure"), false);
     show($("decision"), false);
@@ -279,6 +303,31 @@
     afterStatus();
     // Held for review keeps listening: the moderator's decision arrives as a status event.
     if (!TERMINAL.has(job.status)) openSocket(job);
+  }
+
+  // --- after a reload ----------------------------------------------------------------------------
+  const REMEMBER = "imagegen.currentJob";
+
+  function remember(job) {
+    try { localStorage.setItem(REMEMBER, job.id); } catch (e) { /* storage off: the gallery's list still finds it */ }
+  }
+
+  // Still worth watching: queued, running, held for review, or blocked with an appeal pending.
+  function unfinished(job) {
+    return !TERMINAL.has(job.status) || (job.status === "blocked" && Boolean(job.appeal) && job.appeal.status === "pending");
+  }
+
+  async function restore(recent) {
+    if (current.job) return;
+    let job = null;
+    let saved = "";
+    try { saved = localStorage.getItem(REMEMBER) || ""; } catch (e) { saved = ""; }
+    if (saved) {
+      const { response, data } = await api("GET", `/api/v1/jobs/${encodeURIComponent(saved)}`);
+      if (response.ok && data && unfinished(data)) job = data;
+    }
+    job = job || (recent || []).find(unfinished) || null;
+    if (job && !current.job) watch(job);
   }
 
   async function cancelCurrent() {
@@ -316,5 +365,5 @@
     $("reuse-current").addEventListener("click", () => { if (current.job) window.imagegen.form.reuse(current.job); });
   }
 
-  window.imagegen.current = { init, watch, get job() { return current.job; } };
+  window.imagegen.current = { init, watch, restore, get job() { return current.job; } };
 })();

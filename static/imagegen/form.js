@@ -59,7 +59,7 @@
     if (form.rewrite) body.rewrite = form.rewrite.checked ? "on" : "off";
     if (form.model && form.model.value) body.model = form.model.value;
     if (form.quality && form.quality.value && form.quality.value !== "auto") body.quality = form.quality.value;
-    if (form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();
+    if (!form.negative_prompt.disabled && form.negative_prompt.value.trim()) body.negative_prompt = form.negative_prompt.value.trim();
     if (form.seed.value !== "") body.seed = Number(form.seed.value);
     if (form.guidance_scale.value !== "") body.guidance_scale = Number(form.guidance_scale.value);
     return body;
@@ -253,17 +253,27 @@
     return live.loading;
   }
 
+  // A whole number within [min, max] typed in `input`, else null (the summary never repeats an
+  // invalid value: it says what is allowed instead). Empty: `fallback`.
+  function within(input, min, max, fallback) {
+    if (input.value.trim() === "") return fallback;
+    const value = Number(input.value);
+    return Number.isInteger(value) && value >= min && value <= max ? value : null;
+  }
+
   function describe() {
     const info = $("choice-info");
     const model = chosenModel();
     if (!info || !model) return;
     const quality = $("quality") ? $("quality").value : "auto";
-    const steps = Number($("steps").value) || tierOf(model).steps;
-    const count = Math.max(1, Number($("count").value) || 1);
+    const steps = within($("steps"), model.min_steps, model.max_steps, tierOf(model).steps);
+    const count = within($("count"), 1, Number($("count").max) || 1, 1);
     const priority = $("priority").value;
     const levers = tierOf(model).levers;
-    $("choice-work").textContent = `${model.label}, ${TIER_NAME[quality] || quality} quality: ${steps} step${steps === 1 ? "" : "s"} `
-      + `per image${levers ? ` (${levers})` : ""}.`;
+    const tier = `${model.label}, ${TIER_NAME[quality] || quality} quality`;
+    $("choice-work").textContent = steps === null
+      ? `${tier}: ${model.min_steps} to ${model.max_steps} steps per image.`
+      : `${tier}: ${steps} step${steps === 1 ? "" : "s"} per image${levers ? ` (${levers})` : ""}.`;
     const lane = live.queue && (live.queue.models || []).find((m) => m.version === model.version);
     let time = "";
     if (lane) {
@@ -276,12 +286,21 @@
       info.dataset.eta = lane.estimated_wait_seconds === null ? "" : String(lane.estimated_wait_seconds);
     }
     $("choice-time").textContent = time;
-    const tier = live.account && live.account[priority];
-    $("choice-cost").textContent = tier
-      ? `Costs ${count} of your ${tier.max_images_per_day} ${priority} images a day (${tier.images_today} used).`
+    const quota = live.account && live.account[priority];
+    $("choice-cost").textContent = quota && count !== null
+      ? `Costs ${count} of your ${quota.max_images_per_day} ${priority} images a day (${quota.images_today} used).`
         + (priority === "batch" ? " Batch runs when the GPUs are free of interactive work." : "")
       : "";
-    Object.assign(info.dataset, { model: model.version, quality, steps: String(steps), priority });
+    Object.assign(info.dataset, { model: model.version, quality, steps: steps === null ? "" : String(steps), priority });
+  }
+
+  // A model that takes no negative prompt (its guidance is distilled in): the field is off and
+  // says why; what was typed stays for a model that takes one.
+  function negativeFor(model) {
+    const takes = !model || model.negative_prompt !== false;
+    $("negative_prompt").disabled = !takes;
+    const note = $("negative_prompt-note");
+    if (note) { note.textContent = takes ? "" : `${model.negative_note || `${model.label} takes no negative prompt`}.`; show(note, !takes); }
   }
 
   async function refreshChoices(force) {
@@ -301,6 +320,7 @@
       $("steps").value = String(tierOf(chosenModel()).steps || option.dataset.steps);
       $("guidance_scale").value = option.dataset.guidance;
     }
+    negativeFor(chosenModel());
     describe();
   }
 

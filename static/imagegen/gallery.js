@@ -1,12 +1,34 @@
 // imagegen page: the gallery. Every image of every job, newest first, paged by the API's
 // cursor links; per image the seed and a full-size download; per job "reuse settings" and delete.
+// A tile is built again only when its job changed (an open Verify panel stays open); a running
+// tile follows the progress events of the job being watched (current.js calls follow), and the
+// page asks again while another job of the page is queued or running.
 (function () {
   "use strict";
   const { $, api, el, safeSrc, samePath, show, downloadName } = window.imagegen;
 
   const PAGE_SIZE = 12;
   const FIRST = `/api/v1/jobs?page_size=${PAGE_SIZE}`;
-  const gallery = { url: FIRST, page: 1, next: "", previous: "", loading: null };
+  const ACTIVE_POLL_MS = 4000;
+  const gallery = { url: FIRST, page: 1, next: "", previous: "", loading: null, tiles: new Map(), steps: new Map(), poll: null };
+
+  // What a tile shows of a job; the estimate's countdown and queue position are not shown.
+  function signature(job) {
+    return JSON.stringify({ ...job, eta_seconds: null, queue_position: null });
+  }
+
+  // The step a running tile shows: the job's own, or further where an event said so.
+  function stepOf(job) {
+    const seen = gallery.steps.get(job.id);
+    const own = job.progress ? job.progress.step : 0;
+    return seen ? Math.max(own, seen.step) : own;
+  }
+
+  function progressText(thumbs, step, total) {
+    thumbs.textContent = `running ${step}/${total}`;
+    thumbs.dataset.step = String(step);
+    thumbs.dataset.total = String(total);
+  }
 
   function meta(job) {
     const when = new Date(job.created_at);
@@ -30,8 +52,10 @@
           width: String(image.width), height: String(image.height),
         }));
       }
+    } else if (job.status === "running") {
+      progressText(thumbs, stepOf(job), job.progress.total || job.steps);
     } else {
-      thumbs.textContent = job.status === "running" ? `running ${job.progress.step}/${job.progress.total}` : job.status;
+      thumbs.textContent = job.status;
     }
     thumbs.addEventListener("click", () => {
       window.imagegen.current.watch(job);
@@ -47,7 +71,7 @@
     if (typeof job.revised_prompt === "string" && job.revised_prompt && job.revised_prompt !== job.prompt) {
       info.appendChild(el("p", { class: "tile-revised hint", title: job.revised_prompt }, `revised: ${job.revised_prompt}`));
     }
-    if (job.reason && job.status !== "done") info.appendChild(el("p", { class: "tile-reason" }, job.reason));
+    if (job.reason && job.status !== "done") info.appendChild(el("p", { class: "tile-reason", "data-status": job.status }, job.reason));
     info.appendChild(el("small", {}, meta(job)));
     if (images.length) {
       const files = el("ul", { class: "files" });
@@ -57,7 +81,7 @@
         row.appendChild(document.createTextNode(" "));
         row.appendChild(el("a", { href: safeSrc(image.url), download: downloadName(job, image), class: "download" },
           images.length > 1 ? `Download #${image.index + 1}` : "Download"));
-        const [verify, panel] = window.imagegen.verify.link(image);
+        const [verify, panel] = window.imagegen.verify.link(image, true);
         row.appendChild(document.createTextNode(" · "));
         row.appendChild(verify);
         row.appendChild(panel);
@@ -99,13 +123,47 @@
     if (!response.ok || !data || wanted !== gallery.url) return;
     const jobs = data.results || [];
     if (!jobs.length && gallery.page > 1) { gallery.page = 1; return load(FIRST); }
-    $("gallery").replaceChildren(...jobs.map(tile));
+    const tiles = new Map();
+    for (const job of jobs) {
+      const sig = signature(job);
+      const kept = gallery.tiles.get(job.id);
+      tiles.set(job.id, kept && kept.sig === sig ? kept : { sig, node: tile(job) });
+    }
+    gallery.tiles = tiles;
+    const nodes = [...tiles.values()].map((t) => t.node);
+    const list = $("gallery");
+    if (nodes.length !== list.children.length || nodes.some((node, i) => list.children[i] !== node)) list.replaceChildren(...nodes);
+    pollWhileActive(jobs);
     show($("gallery-empty"), jobs.length === 0);
     gallery.next = samePath(data.next);
     gallery.previous = samePath(data.previous);
     show($("older"), Boolean(gallery.next));
     show($("newer"), Boolean(gallery.previous));
     $("page-label").textContent = gallery.next || gallery.previous ? `Page ${gallery.page}` : "";
+    return jobs;
+  }
+
+  // Another job on this page queued or running (the watched one follows its own events): ask
+  // again in a while, until none is.
+  function pollWhileActive(jobs) {
+    const watched = window.imagegen.current.job;
+    const active = jobs.some((job) => (job.status === "queued" || job.status === "running") && !(watched && watched.id === job.id));
+    if (active && !gallery.poll) gallery.poll = setInterval(() => load(), ACTIVE_POLL_MS);
+    else if (!active && gallery.poll) { clearInterval(gallery.poll); gallery.poll = null; }
+  }
+
+  // A progress event of a job (current.js): its tile, if on this page and still without images,
+  // shows the step.
+  function follow(jobId, step, total) {
+    const seen = gallery.steps.get(jobId);
+    if (seen && seen.step > step) return;
+    gallery.steps.set(jobId, { step, total });
+    const item = gallery.tiles.get(jobId);
+    if (!item) return;
+    const thumbs = item.node.querySelector(".thumbs");
+    if (thumbs && !thumbs.querySelector("img")) progressText(thumbs, step, total);
+    const badge = item.node.querySelector(".badge");
+    if (badge && badge.dataset.status === "queued") { badge.textContent = "running"; badge.dataset.status = "running"; }
   }
 
   function init() {
@@ -114,8 +172,8 @@
     $("newer").addEventListener("click", () => {
       if (gallery.previous) { gallery.page = Math.max(1, gallery.page - 1); load(gallery.page === 1 ? FIRST : gallery.previous); }
     });
-    load();
+    return load();
   }
 
-  window.imagegen.gallery = { init, load: () => load() };
+  window.imagegen.gallery = { init, follow, load: () => load() };
 })();
