@@ -23,6 +23,7 @@ admin.site.login_form = signin.AdminSigninForm
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("favicon.ico", web.favicon, name="favicon"),  # pages that link no icon (sign-in, admin) ask for it
     path("metrics", metrics_view, name="metrics"),
     path("staff/dashboard", dashboard.dashboard, name="dashboard"),
     path("api/v1/jobs", views.JobListCreate.as_view(), name="job-list"),

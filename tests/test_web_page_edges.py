@@ -108,6 +108,8 @@ def test_the_form_at_1280_px_shows_whole_values_no_gap_no_invalid_summary_and_no
     icon = page.locator("link[rel=icon]").get_attribute("href")
     answer = page.request.get(shapes_server.url + icon)
     assert answer.status == 200 and answer.headers["content-type"].startswith("image/")
+    answer = page.request.get(shapes_server.url + "/favicon.ico")  # asked for by pages that link none
+    assert answer.status == 200 and answer.headers["content-type"].startswith("image/")
 
     # Every option of the model and priority selects fits its box (the text's width against the
     # select's inner width less its arrow), as does the chosen value of every other select.
