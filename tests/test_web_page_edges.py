@@ -182,25 +182,27 @@ def test_verify_panels_stay_open_when_the_results_render_again_and_read_in_words
     page.add_init_script(ANSWERS)
 
     # The job's socket closes right after its final status, before the page has fetched the
-    # finished job (a proxy, a quick server): the page then polls the job once more, and that
-    # answer renders the results again. The poll is held until the panel is open.
+    # finished job (a proxy, a quick server): the page then polls the job as well, and each
+    # answer renders the results again. From the final status on, the job's fetches are held:
+    # the first (the results appear), then, once the Verify panel is open, the polls.
+    hold = {"on": False, "routes": []}
+
     def proxy(ws):
         server = ws.connect_to_server()
 
         def down(message):
-            ws.send(message)
             try:
                 event = json.loads(message)
             except ValueError:
-                return
-            if event.get("type") == "status" and event.get("status") in TERMINAL:
+                event = {}
+            final = event.get("type") == "status" and event.get("status") in TERMINAL
+            hold["on"] = hold["on"] or final
+            ws.send(message)
+            if final:
                 ws.close()
 
         server.on_message(down)
         ws.on_message(lambda message: server.send(message))
-
-    page.route_web_socket(re.compile(r"/ws/jobs/"), proxy)
-    hold = {"on": False, "routes": []}
 
     def job_get(route):
         if hold["on"] and route.request.method == "GET":
@@ -208,21 +210,23 @@ def test_verify_panels_stay_open_when_the_results_render_again_and_read_in_words
         else:
             route.continue_()
 
+    page.route_web_socket(re.compile(r"/ws/jobs/"), proxy)
     page.route(JOB_URL, job_get)
     sign_in(page, daphne_server, alice)
     page.get_by_label("Prompt", exact=True).fill("a red circle on a blue background")
     page.get_by_role("button", name="Generate").click()
-    page.wait_for_selector("#results img.final", timeout=60_000)
-    hold["on"] = True
+    until(page, lambda: len(hold["routes"]) >= 2, "the fetch after the final status and a poll after the socket closed",
+          timeout_ms=60_000)
+    hold["routes"].pop(0).continue_()
+    page.wait_for_selector("#results img.final")
     job = latest_job(alice)
     page.locator("#results a.verify").first.click()
     page.wait_for_function("document.querySelector('#results .credentials').dataset.state === 'Trusted'")
     before = answered(page, str(job.id) + "$")
-    until(page, lambda: hold["routes"], "the page's poll of the job after its socket closed")
-    hold["on"] = False
-    for route in hold["routes"]:
+    held, hold["routes"], hold["on"] = hold["routes"], [], False
+    for route in held:
         route.continue_()
-    page.wait_for_function(f"window.__answered.filter((u) => u.endsWith('{job.id}')).length > {before}")
+    page.wait_for_function(f"window.__answered.filter((u) => u.endsWith('{job.id}')).length >= {before + len(held)}")
     settle(page)
     panel = page.locator("#results .credentials").first
     assert panel.is_visible() and panel.get_attribute("data-state") == "Trusted"
