@@ -58,9 +58,10 @@ def run(job_id: str | None = None) -> int:
     metrics.observe("imagegen_rewrite_batch_size", len(jobs))
     metrics.observe("imagegen_rewrite_seconds", seconds)
     for job, result in zip(jobs, results, strict=True):
-        if not actions.save_rewrite(job.id, result.prompt, model.version, changed=result.changed):
+        if not actions.save_rewrite(job.id, result.prompt, model.version, changed=result.changed,
+                                    notes=result.notes):
             continue  # cancelled or failed meanwhile
-        events.publish(job.id, rewritten_event(job.id, result.prompt))
+        events.publish(job.id, rewritten_event(job.id, result.prompt, result.notes))
         if result.changed:  # unchanged: already in its shape's bucket (save_rewrite scheduled it)
             stages.send("prompt", str(job.id))  # the second gate, on what the image model will draw
     log.info("rewrote %d prompts in %.3fs", len(jobs), seconds, extra={"stage": "rewrite"})

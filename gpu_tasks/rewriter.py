@@ -9,7 +9,12 @@ model writes:
 * a prompt already in the grammar is left exactly as it is (the model is not even asked);
 * a rewrite that is not in the grammar, or the model's ``<keep>`` (nothing it can draw), keeps
   the user's prompt unchanged;
-* one forward pass rewrites a batch of prompts (greedy decoding, a bounded output length).
+* one forward pass rewrites a batch of prompts (greedy decoding, a bounded output length);
+* a colour or a shape outside the grammar is drawn as its nearest drawable one and said so
+  (gpu_tasks/nearest.py, issue 45 item 11): the model reads the prompt with those words already
+  replaced, and a rewrite that loses one of them (pink drawn as black) is not taken; a prompt
+  naming only things the model cannot draw (a cat) is kept as written, with a note saying so.
+  ``Rewrite.notes`` says, in words for the user, each substitution made.
 
 The rewriter's identity (for the cache key and the job record: its folder name, the hash of its
 files and its decoding settings) is jobs.pipeline.rewrite.identity, read once at load.
@@ -22,11 +27,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_tasks import nearest
+from gpu_tasks.nearest import COLOURS, SHAPE_KINDS
 from jobs.pipeline.rewrite import MAX_NEW_TOKENS, identity, model_version
 
 KEEP = "<keep>"
-SHAPE_KINDS = ("circle", "square", "triangle", "star", "heart")
-COLOURS = ("red", "green", "blue", "yellow", "white", "black")
+__all__ = ["COLOURS", "KEEP", "SHAPE_KINDS", "Rewrite", "Rewriter", "model_version", "parse_canonical"]
 
 _CANON = re.compile(
     r"^a (?:(?:small|large) )?(?P<c1>\w+) (?P<k1>\w+)(?: and a (?:(?:small|large) )?(?P<c2>\w+) (?P<k2>\w+))?"
@@ -52,6 +58,52 @@ def parse_canonical(text: str) -> dict | None:
 class Rewrite:
     prompt: str         # what the image model is given
     changed: bool       # False: the user's prompt, as written
+    notes: tuple[str, ...] = ()  # what was substituted, or is not drawable, in words for the user
+
+
+def _draws(scene: dict | None, m: nearest.Mention) -> bool:
+    return scene is not None and m.drawn in (scene["kinds"] if m.kind else {*scene["colours"], scene["background"]})
+
+
+def _kept(scene: dict, plan: nearest.Plan) -> bool:
+    """Whether a rewrite keeps every nearest drawable the mapping chose, and draws no shape for a
+    thing the model cannot draw."""
+    if not all(_draws(scene, m) for m in plan.mentions if not m.trained):
+        return False
+    return not (plan.not_drawable and len(scene["kinds"]) > len(plan.shapes))
+
+
+def _notes(plan: nearest.Plan, scene: dict | None) -> tuple[str, ...]:
+    """The substitutions the rewrite made, in words: every mapped word, and each trained synonym
+    the rewrite draws as its trained meaning."""
+    notes = [m.note() for m in plan.mentions if not m.trained or _draws(scene, m)]
+    if plan.not_drawable:
+        notes.append(plan.not_drawable_note())
+    return tuple(dict.fromkeys(notes))
+
+
+def _settled(prompt: str, plan: nearest.Plan) -> Rewrite | None:
+    """The rewrite where the model need not be asked, else None."""
+    mapped = " ".join(plan.text.split()).lower()
+    if parse_canonical(mapped):  # the mapping alone put the prompt in the grammar
+        return Rewrite(mapped, True, _notes(plan, parse_canonical(mapped)))
+    if plan.not_drawable and not plan.shapes:  # nothing here the model can draw: said, not swapped
+        return Rewrite(prompt, False, (plan.not_drawable_note(),))
+    return None
+
+
+def _decide(prompt: str, plan: nearest.Plan, generated: str) -> Rewrite:
+    """What the image model is given, from the mapping's plan and the model's rewrite of its text."""
+    mapped = " ".join(plan.text.split())
+    text = " ".join(generated.split())
+    if text == KEEP:  # nothing the model can draw: kept as written, and said
+        return Rewrite(prompt, False, (plan.not_drawable_note() if plan.not_drawable else nearest.NOTHING_DRAWABLE,))
+    scene = parse_canonical(text)
+    if scene is not None and _kept(scene, plan):
+        return Rewrite(text, True, _notes(plan, scene))
+    if any(not m.trained for m in plan.mentions):  # the model lost what the mapping chose (pink drawn as black)
+        return Rewrite(mapped, True, _notes(plan, None))
+    return Rewrite(prompt, False, _notes(plan, None))
 
 
 class Rewriter:
@@ -82,9 +134,11 @@ class Rewriter:
         out: list[Rewrite | None] = [Rewrite(p, False) if parse_canonical(p) else None for p in prompts]
         todo = [i for i, r in enumerate(out) if r is None]
         if todo:
-            for i, text in zip(todo, self._generate([prompts[i] for i in todo]), strict=True):
-                text = " ".join(text.split())
-                out[i] = Rewrite(text, True) if text != KEEP and parse_canonical(text) else Rewrite(prompts[i], False)
+            # Every prompt outside the grammar is in the one pass (its cost is the batch's), even
+            # one the mapping alone settles: the model's answer is then not used.
+            plans = [nearest.plan(prompts[i]) for i in todo]
+            for i, plan, text in zip(todo, plans, self._generate([p.text for p in plans]), strict=True):
+                out[i] = _settled(prompts[i], plan) or _decide(prompts[i], plan, text)
         return [r for r in out if r is not None]
 
     def _generate(self, prompts: list[str]) -> list[str]:

@@ -178,6 +178,8 @@ class GenerationJob(models.Model):
     rewrite = models.BooleanField(default=False)
     rewriter_version = models.CharField(max_length=100, blank=True, default="")
     revised_prompt = models.TextField(blank=True, default="")
+    # What the rewriter substituted, in words for the user ("pink is drawn as red ..."; issue 45 item 11).
+    rewrite_notes = models.JSONField(default=list, blank=True)
     rewritten_at = models.DateTimeField(null=True, blank=True)
     rewrite_lease_expires_at = models.DateTimeField(null=True, blank=True)
     rewrite_attempts = models.PositiveSmallIntegerField(default=0, help_text="runs of the rewrite stage started")

@@ -49,14 +49,15 @@ def status_event(job: GenerationJob) -> dict:
         "reason": job.reason,
         "images": delivered_images(job),
     }
-    if job.rewrite:  # what is drawn, once the rewriter has run (null before)
+    if job.rewrite:  # what is drawn, once the rewriter has run (null before), and what it substituted
         event["revised_prompt"] = revised_prompt(job)
+        event["rewrite_notes"] = rewrite_notes(job)
     return event
 
 
-def rewritten_event(job_id, revised: str) -> dict:
+def rewritten_event(job_id, revised: str, notes=()) -> dict:
     """Sent when the rewriter has written the job's prompt (before its second check)."""
-    return {"type": "rewritten", "job": str(job_id), "revised_prompt": revised}
+    return {"type": "rewritten", "job": str(job_id), "revised_prompt": revised, "rewrite_notes": list(notes)}
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -66,6 +67,9 @@ class JobSerializer(serializers.ModelSerializer):
     revised_prompt = serializers.SerializerMethodField(
         help_text="The prompt drawn, as the rewriter wrote it (the user's own where it kept it); null: not rewritten (yet).")
     rewriter = serializers.SerializerMethodField(help_text="The rewriter's identity (version and settings); null: none.")
+    rewrite_notes = serializers.SerializerMethodField(help_text=(
+        "What the rewriter substituted, in words (\"pink is drawn as red (the nearest colour this model draws)\"), "
+        "or what the model cannot draw; empty: nothing to say, or not rewritten (yet)."))
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
     stage = serializers.CharField(read_only=True, help_text=(
         "Where the pipeline has the job (prompt, rewrite, rewrite_check, waiting_gpu, reveal, generate, classify, "
@@ -84,7 +88,7 @@ class JobSerializer(serializers.ModelSerializer):
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
             "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
             "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url", "rewrite", "revised_prompt",
-            "rewriter",
+            "rewriter", "rewrite_notes",
         ]
         read_only_fields = fields
 
@@ -96,6 +100,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_rewriter(self, job) -> str | None:
         return job.rewriter_version or None
+
+    def get_rewrite_notes(self, job) -> list[str]:
+        return rewrite_notes(job)
 
     def _estimate(self, job):
         """The estimate made at submit, or a fresh one for a job still queued."""
@@ -158,6 +165,12 @@ def revised_prompt(job) -> str | None:
     return job.revised_prompt or None if job.rewrite and job.rewritten_at is not None else None
 
 
+def rewrite_notes(job) -> list[str]:
+    """What the rewriter substituted (or found it cannot draw), once it has run; [] before, or
+    without it."""
+    return [str(n) for n in job.rewrite_notes or []] if job.rewrite and job.rewritten_at is not None else []
+
+
 def _int_or_none(value) -> int | None:
     return None if value is None else int(value)
 
@@ -201,6 +214,7 @@ _FAST = {
     "rewrite": lambda s, job: bool(job.rewrite),
     "revised_prompt": lambda s, job: revised_prompt(job),
     "rewriter": lambda s, job: job.rewriter_version or None,
+    "rewrite_notes": lambda s, job: rewrite_notes(job),
 }
 if set(_FAST) != set(JobSerializer.Meta.fields):  # a field added to Meta.fields needs its getter here
     raise ImproperlyConfigured(f"JobSerializer fast path out of step: {sorted(set(_FAST) ^ set(JobSerializer.Meta.fields))}")

@@ -8,7 +8,7 @@ each with a compare-and-set on its lease.
               one job never takes another still waiting for its check, nor one whose block or
               hold a batch drain recorded but has not yet applied
     claimed   its lease set for the rewrite row's lease, rewrite_attempts + 1 (a started run)
-    saved     revised_prompt, the rewriter's identity, rewritten_at, and the move on (a
+    saved     revised_prompt, its notes, the rewriter's identity, rewritten_at, and the move on (a
               compare-and-set from `rewrite` under a lease): to `rewrite_check`, the second
               prompt gate, when it changed the prompt; to `waiting_gpu` (the scheduler) when not
 
@@ -59,13 +59,14 @@ def claim_rewrites(first: str | None, limit: int) -> list[GenerationJob]:
     return jobs
 
 
-def save_rewrite(job_id, revised: str, identity: str, changed: bool) -> bool:
-    """Record what the rewriter wrote and move the job on (`rewrite_check` when the prompt
-    changed, else `waiting_gpu`), if it still waits in the stage under this run's lease (cancelled,
-    failed or saved meanwhile: False, and nothing changes)."""
+def save_rewrite(job_id, revised: str, identity: str, changed: bool, notes: list[str] | tuple[str, ...] = ()) -> bool:
+    """Record what the rewriter wrote (and its notes: what it substituted, in words for the user)
+    and move the job on (`rewrite_check` when the prompt changed, else `waiting_gpu`), if it still
+    waits in the stage under this run's lease (cancelled, failed or saved meanwhile: False, and
+    nothing changes)."""
     held = {"rewrite_lease_expires_at__isnull": False}
     saved = {"revised_prompt": revised, "rewriter_version": identity, "rewritten_at": timezone.now(),
-             "rewrite_lease_expires_at": None}
+             "rewrite_notes": list(notes), "rewrite_lease_expires_at": None}
     if changed:
         return move(job_id, JobStage.REWRITE, JobStage.REWRITE_CHECK, held, **saved)
     return schedule(job_id, JobStage.REWRITE, held, **saved)

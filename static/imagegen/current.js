@@ -143,6 +143,16 @@
     const revised = typeof job.revised_prompt === "string" && job.revised_prompt && job.revised_prompt !== job.prompt ? job.revised_prompt : "";
     $("current-revised-text").textContent = revised;
     show($("current-revised"), Boolean(revised));
+    // What the rewriter substituted, or could not draw (a job's `rewrite_notes`), under it.
+    const notes = Array.isArray(job.rewrite_notes) ? job.rewrite_notes.filter((n) => typeof n === "string") : [];
+    let notesLine = $("current-rewrite-notes");
+    if (!notesLine) {
+      notesLine = el("p", { id: "current-rewrite-notes", class: "revised-notes hint" });
+      $("current-revised").after(notesLine);
+    }
+    notesLine.textContent = notes.join("; ");
+    notesLine.dataset.notes = String(notes.length);
+    show(notesLine, notes.length > 0);
     const text = $("progress-text");
     if (job.status === "done") setProgress(job.steps, job.steps);
     else if (job.progress && job.status === "running") setProgress(job.progress.step, job.steps);
