@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from functools import partial
 
 # Bumped whenever a table or a rule below changes what a prompt is rewritten to.
 VERSION = "1"
@@ -276,10 +277,10 @@ def plan(prompt: str) -> Plan:
                 if i < len(words) and words[i][0] not in _CLAUSE_END:
                     i += 1
             continue
-        phrase = next((p for p in TRAINED_SHAPE_PHRASES if tuple(x for x, *_ in words[i:i + len(p)]) == p), None)
-        if phrase:
-            shapes.append((s, words[i + len(phrase) - 1][2], " ".join(phrase), TRAINED_SHAPE_PHRASES[phrase], True))
-            i += len(phrase)
+        run = next((p for p in TRAINED_SHAPE_PHRASES if tuple(x for x, *_ in words[i:i + len(p)]) == p), None)
+        if run:
+            shapes.append((s, words[i + len(run) - 1][2], " ".join(run), TRAINED_SHAPE_PHRASES[run], True))
+            i += len(run)
             continue
         if nxt and (pair in TRAINED_COLOURS or pair in NAMED_COLOURS):
             found.append((s, nxt[2], pair, None, pair in TRAINED_COLOURS))
@@ -336,16 +337,16 @@ def plan(prompt: str) -> Plan:
         if m.trained:  # the rewriter reads it as it was trained to
             continue
         # the article before the replaced word agrees with it ("an orange square" -> "a yellow square")
-        out += _ARTICLE.sub(lambda a, drawn=m.drawn: _agree(a.group(1), drawn) + a.group(2),
-                            prompt[last:m.start]) + m.drawn
+        out += _ARTICLE.sub(partial(_agree, drawn=m.drawn), prompt[last:m.start]) + m.drawn
         last = m.end
     out += prompt[last:]
     return Plan(out, mentions, [k for *_, k, _ in shapes], colours, things)
 
 
-def _agree(article: str, word: str) -> str:
-    want = _article(word)
-    return want.capitalize() if article[:1].isupper() else want
+def _agree(found: re.Match, drawn: str) -> str:
+    """The article ``found`` before a replaced word, made to agree with what replaces it."""
+    want = _article(drawn)
+    return (want.capitalize() if found.group(1)[:1].isupper() else want) + found.group(2)
 
 
 def _foreign(word: str) -> str | None:
