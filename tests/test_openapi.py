@@ -18,7 +18,7 @@ from tests.conftest import make_user, wait_for_status
 
 # Routes that are not part of the API: the admin and staff pages, the sign-in pages, the end
 # users' page, and the schema/docs routes themselves.
-NOT_API = re.compile(r"^/(admin/|staff/|accounts/|api/schema/$|api/docs/$|$)")
+NOT_API = re.compile(r"^/(admin/|staff/|accounts/|api/schema/$|api/docs/$|favicon\.ico$|$)")
 
 
 @pytest.fixture(scope="module")

@@ -128,3 +128,13 @@ def test_the_job_records_and_reports_what_the_rewriter_substituted(workers, alic
 
     off = alice_api.post("/api/v1/jobs", {**body, "seed": 4502, "rewrite": "off"}, format="json").json()
     assert off["rewrite_notes"] == []  # not rewritten: nothing to say
+
+
+def test_the_rewriter_identity_names_the_mapping_version():
+    """The request-hash cache key carries the rewriter's identity: a change of the mapping
+    (gpu_tasks/nearest.py VERSION) must change it, or an image drawn under the old mapping is reused."""
+    from gpu_tasks import nearest
+    from jobs.pipeline import rewrite
+
+    assert rewrite.NEAREST_VERSION == nearest.VERSION
+    assert f"nearest={nearest.VERSION}" in rewrite.DECODING

@@ -15,9 +15,12 @@ from pathlib import Path
 
 from django.conf import settings
 
-# How the rewriter decodes (greedy, a bounded output): part of its identity.
+# How the rewriter decodes (greedy, a bounded output) and the version of the nearest-drawable
+# mapping around it (gpu_tasks/nearest.py VERSION: a test holds the two equal): part of its
+# identity, so an image cached under an older mapping is not reused.
 MAX_NEW_TOKENS = 32
-DECODING = f"greedy;max_new_tokens={MAX_NEW_TOKENS}"
+NEAREST_VERSION = "1"
+DECODING = f"greedy;max_new_tokens={MAX_NEW_TOKENS};nearest={NEAREST_VERSION}"
 MODES = ("auto", "on", "off")
 
 
