@@ -7,6 +7,7 @@ the webhook outbox, the reaper, /metrics and the deploy checks).
                                               or rewrite first for a job whose prompt goes through the rewriter
     rewrite   rewrite_prompts rewrite      -> prompt again when it changed the prompt (the second gate), else generate
     generate  run_batch       gpu.<lane>   -> classify (the GPU worker's hand-off)
+    reveal    reveal_start    gpu.<lane>   a cross-user cache hit's run (its own signed files), in place of generate
     classify  classify_batch  classify     -> publish
     publish   publish_batch   io           -> (the terminal status; its webhooks)
     webhook   deliver_webhook webhooks
@@ -104,6 +105,11 @@ STAGES: dict[str, Stage] = {
         Stage("generate", "gpu_tasks.tasks.run_batch", "QUEUE_GPU_PREFIX", next="classify", by_lane=True,
               describes="generation", reject_on_worker_lost=True, process="gpu", lease_setting="IMAGEGEN_LEASE_SECONDS",
               loads=("signing_key", "image_gate", "model")),  # it signs its images; the gate judges its previews
+        # A cross-user cache hit's run, when a fresh job of its shape would be claimed (jobs/actions/
+        # lifecycle.py reveal_start): on its lane's GPU worker, which holds the signing key, so the
+        # hit's own files are made and signed off the submit's request path (no timing to tell).
+        Stage("reveal", "jobs.actions.lifecycle.reveal_start", "QUEUE_GPU_PREFIX", by_lane=True, process="gpu",
+              resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("signing_key",)),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,
               retry_setting="IMAGEGEN_CLASSIFY_RETRY_SECONDS", describes="the image safety check",
               reject_on_worker_lost=True, process="classify",
@@ -125,7 +131,7 @@ UPKEEP: dict[str, str] = {
     "imagegen.dashboard.sample_figures": "QUEUE_CPU",
     "jobs.pipeline.retention.run_retention": "QUEUE_IO",
     "jobs.pipeline.retention.run_unpublish": "QUEUE_IO",
-    "jobs.actions.lifecycle.reveal_cached": "QUEUE_CPU",  # a delayed cross-user cache hit (jobs/media/cache.py)
+    "jobs.actions.lifecycle.reveal_cached": "QUEUE_IO",  # a cross-user cache hit's end: publishes its files
     "jobs.media.cdn.retry_purge": "QUEUE_IO",
 }
 

@@ -71,8 +71,8 @@ class JobSerializer(serializers.ModelSerializer):
         "What the rewriter substituted, in words (\"pink is drawn as red (the nearest colour this model draws)\"), "
         "or what the model cannot draw; empty: nothing to say, or not rewritten (yet)."))
     queue_wait_seconds = serializers.FloatField(read_only=True, allow_null=True)
-    stage = serializers.CharField(read_only=True, help_text=(
-        "Where the pipeline has the job (prompt, rewrite, rewrite_check, waiting_gpu, reveal, generate, classify, "
+    stage = serializers.SerializerMethodField(help_text=(
+        "Where the pipeline has the job (prompt, rewrite, rewrite_check, waiting_gpu, generate, classify, "
         "publish, review, done, blocked, failed, cancelled); `status` is the user's view of it, derived from it."))
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
@@ -97,6 +97,10 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_revised_prompt(self, job) -> str | None:
         return revised_prompt(job)
+
+    def get_stage(self, job) -> str:
+        # A cross-user cache hit's reveal shows as the GPU queue a fresh job would wait in (jobs/media/cache.py).
+        return "waiting_gpu" if job.stage == "reveal" else job.stage
 
     def get_rewriter(self, job) -> str | None:
         return job.rewriter_version or None
@@ -178,7 +182,7 @@ def _int_or_none(value) -> int | None:
 _FAST = {
     "id": lambda s, job: str(job.id),
     "status": lambda s, job: job.status,
-    "stage": lambda s, job: job.stage,
+    "stage": JobSerializer.get_stage,
     "prompt": lambda s, job: job.prompt,
     "negative_prompt": lambda s, job: job.negative_prompt,
     "width": lambda s, job: int(job.width),

@@ -1,5 +1,6 @@
-"""The request-hash cache is not an oracle (issue 18, item 9): by default an entry serves only
-the user whose request made it; IMAGEGEN_CACHE_SCOPE=global-unseeded shares requests without an
+"""The request-hash cache is not an oracle (issue 18, item 9): by default an entry serves another
+user only once k users asked for it (tests/test_integrity_cache_share.py), and then as a fresh job
+would (tests/test_cache_privacy.py); IMAGEGEN_CACHE_SCOPE=global-unseeded shares requests without an
 explicit seed (the fixed-seed policy's repeats) and keeps seeded ones per user; global shares all."""
 
 from __future__ import annotations

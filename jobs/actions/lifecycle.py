@@ -82,13 +82,14 @@ def create_queued(job: GenerationJob, cached: dict) -> None:
         metrics.count_jobs(JobStatus.QUEUED, job.model_version)
 
 
-def attach_cached(job: GenerationJob, cached: dict) -> None:
+def attach_cached(job: GenerationJob, cached: dict, tier: str = "public") -> None:
+    """Rows for the job's own copies of cached images (jobs.media.cache.own_copies)."""
     GeneratedImage.objects.bulk_create(
         [
             GeneratedImage(
                 job=job, index=index, seed=job.seed + index, storage_key=src.storage_key, width=src.width,
                 height=src.height, byte_size=src.byte_size, sha256=src.sha256, content_type=src.content_type,
-                source_key=src.source_key, content_sha256=src.content_sha256, tier="public",
+                source_key=src.source_key, content_sha256=src.content_sha256, tier=tier,
             )
             for index, src in cached.items()
         ]
@@ -96,27 +97,18 @@ def attach_cached(job: GenerationJob, cached: dict) -> None:
 
 
 def finish_from_cache(job: GenerationJob, cached: dict) -> None:
-    """Every image is cached: the same request under the same policy and model version was
-    already gated and delivered, so the job is done with the stored images. A hit on another
-    user's entry (k-anonymous scope) is answered like a fresh job: queued now, done no sooner
-    than a fresh job of its shape would be (`reveal_cached`), so its timing says nothing."""
-    from jobs.media import cache
+    """Every image is cached (the owner's own entries, or shared under a global scope): the same
+    request under the same policy and model version was already gated and delivered, so the job
+    is done at once with its own copies of the stored images. (A hit on another user's entries
+    under the k-anonymous scope goes the way of a fresh job instead: `reveal_start`.)"""
     from safety.models import SafetyVerdict
 
     now = timezone.now()
-    delayed = any(getattr(image, "cross_user", False) for image in cached.values())
     job.scheduled_at = now
-    if delayed:
-        delay = cache.reveal_delay(job)
-        job.cache_reveal_at = now + timedelta(seconds=delay)
-        job.stage = JobStage.REVEAL
-    else:
-        job.stage, job.started_at, job.finished_at, job.progress_step = JobStage.DONE, now, now, job.steps
+    job.stage, job.started_at, job.finished_at, job.progress_step = JobStage.DONE, now, now, job.steps
     source = next(iter(cached.values()))
     if job.rewrite:  # the same prompt through the same rewriter (the key says so): the same rewrite
-        job.revised_prompt, job.rewriter_version = source.job.revised_prompt, source.job.rewriter_version
         job.rewritten_at = now
-    job.steering = source.job.steering  # the same pixels, made with the same steering (a regeneration needs it)
     with transaction.atomic():
         job.save()
         attach_cached(job, cached)
@@ -126,13 +118,92 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
             policy_version=source.job.verdicts.filter(stage="prompt").values_list("policy_version", flat=True).first() or "",
         )
         metrics.count_verdicts([verdict])
-        if delayed:
-            metrics.count_jobs(JobStatus.QUEUED, job.model_version)
-            job_id = str(job.id)
-            transaction.on_commit(lambda: _send_reveal(job_id, delay), robust=True)
-        else:
-            metrics.count_jobs(JobStatus.DONE, job.model_version)
-            status_on_commit(job.id)
+        metrics.count_jobs(JobStatus.DONE, job.model_version)
+        status_on_commit(job.id)
+
+
+# A cross-user cache hit (k-anonymous scope: jobs/media/cache.py) goes the way of a fresh job, so
+# that neither its answers, its events nor its charge say that someone else asked: admitted and
+# reserved at submit with the estimate of a fresh job, its prompt checked by the gate, then
+#   reveal   (queued; shown as waiting for a GPU) until a GPU worker of its lane is free and no job
+#            of the lane admitted before it still waits: when a fresh job would be claimed;
+#   generate (running; no lease, no batch) from `reveal_start`, on that GPU worker, which holds the
+#            signing key: it makes the hit's own files into quarantine and charges it as a claim does;
+#   done     one pass of its shape later (`reveal_cached`, io queue, publishes the files).
+# Where its images are gone by then, it is generated as the fresh job it looked like.
+
+
+def _send_start(job: GenerationJob, countdown: float = 0.0) -> None:
+    """Send the hit's start to its lane's GPU queue, noting when a run of it is due (the reaper
+    sends another only once that has passed by the row's re-send bound)."""
+    bound = stage_table.STAGES["reveal"].resend_seconds
+    try:
+        get_redis().set(f"{PREFIX}reveal-sent:{job.id}", "1", ex=max(1, round(countdown + bound)))
+    except RedisError:
+        log.warning("cross-user hit %s: Redis away, the reaper may send its start twice", job.id)
+    stage_table.send("reveal", lanes.lane_of(job.model_version), str(job.id), countdown=countdown)
+
+
+def _enter_reveal(job_id, stage: str, **fields) -> bool:
+    """`stage` -> reveal, in place of the GPU queue; its start sent to the lane's GPU worker."""
+    if not move(job_id, stage, JobStage.REVEAL, scheduled_at=timezone.now(), **fields):
+        return False
+    job = GenerationJob.objects.get(id=job_id)
+    transaction.on_commit(lambda: _send_start(job))
+    return True
+
+
+def reveal_start(lane: str, job_id) -> bool:
+    """A cross-user hit's turn, run by a free GPU worker of its lane (its queue's; it holds the
+    signing key). While a job of the lane admitted before it still waits for a GPU, it waits too
+    (sent again in a pass). Else its own copies of the cached images go into quarantine, and it
+    moves reveal -> generate (running), charged as a GPU claim is, with its copies' rows; its end
+    is sent for one pass of its shape later. A cancelled or moved job is left (copies deleted)."""
+    from jobs.media import cache
+
+    job = GenerationJob.objects.filter(id=job_id, stage=JobStage.REVEAL).first()
+    if job is None or job.cache_reveal_at is None:
+        return False
+    run = cache.reveal_delay(job)
+    ahead = GenerationJob.objects.filter(stage=JobStage.WAITING_GPU, model_version=job.model_version,
+                                         scheduled_at__lt=job.scheduled_at)
+    if ahead.exists():
+        _send_start(job, countdown=max(0.1, min(run, float(settings.IMAGEGEN_FILL_WAIT) * 2)))
+        return False
+    found = cache.sources(job)
+    if len(found) < job.count:
+        return _generate_instead(job)
+    copies = cache.own_copies(job, found)
+    now = timezone.now()
+    with transaction.atomic():
+        fields: dict = {name: getattr(job, name) for name in cache.REWRITE_FIELDS if hasattr(job, name)}
+        fields = {**fields, "rewritten_at": now} if job.rewrite else {}
+        if not GenerationJob.objects.filter(id=job.id, stage=JobStage.REVEAL).exclude(deadline_at__lte=now).update(
+            **at(JobStage.GENERATE), attempts=F("attempts") + 1, started_at=now, progress_step=0,
+            steering=job.steering, cache_reveal_at=now + timedelta(seconds=run), **fields,
+        ):
+            transaction.on_commit(lambda: cache.discard(copies))
+            return False
+        attach_cached(job, copies, tier="quarantine")
+        charge_claimed([job], now)
+        status_on_commit(job.id)
+        metrics.count_jobs(JobStatus.RUNNING, job.model_version)
+        transaction.on_commit(lambda: _send_reveal(str(job.id), run), robust=True)
+    return True
+
+
+def _generate_instead(job: GenerationJob) -> bool:
+    """The cached images went (deleted, taken down, lost) before the hit ran: it is generated,
+    as the fresh job it looked like (rewritten first where it asked for the rewriter)."""
+    if job.rewrite and job.rewritten_at is None:
+        if not move(job.id, JobStage.REVEAL, JobStage.REWRITE, cache_reveal_at=None):
+            return False
+        transaction.on_commit(lambda: wake_rewriter(str(job.id)))
+        return True
+    return schedule(job.id, JobStage.REVEAL, cache_reveal_at=None)
+
+
+reveal_start_task = stage_table.stage_task("reveal")(reveal_start)
 
 
 def _send_reveal(job_id: str, delay: float) -> None:
@@ -144,30 +215,72 @@ def _send_reveal(job_id: str, delay: float) -> None:
 REVEAL_TASK = "jobs.actions.lifecycle.reveal_cached"
 
 
+def _revealing():
+    """The cross-user hits in their imitation of a GPU pass: running, no batch, a reveal time."""
+    return GenerationJob.objects.filter(stage=JobStage.GENERATE, batch=None, cache_reveal_at__isnull=False)
+
+
 def reveal_cached(job_id) -> bool:
-    """A delayed cross-user cache hit whose time has come: queued -> done (compare-and-set; a
-    cancelled one stays cancelled). The reaper calls it too (`reveal_due`) when the message is lost."""
+    """A cross-user hit whose time has come: its files published (quarantine -> public, as the
+    publish stage does), then generate -> done (compare-and-set; a cancelled one stays cancelled
+    and its files go). The reaper re-sends it (`reveal_due`) when the message is lost."""
+    from jobs.media.storage import delete_quietly, publish_object, quarantine_storage
+
     now = timezone.now()
     job = GenerationJob.objects.filter(id=job_id).first()
     if job is None or job.cache_reveal_at is None or job.cache_reveal_at > now + timedelta(seconds=0.5):
         return False
+    keys = list(job.images.filter(tier="quarantine").values_list("storage_key", flat=True))
+    if job.stage != JobStage.GENERATE or job.batch_id is not None:
+        if job.is_terminal and job.stage != JobStage.DONE and keys:
+            # cancelled (or failed) while it ran: its files are never delivered
+            GeneratedImage.objects.filter(job_id=job_id, tier="quarantine").update(tier="deleted")
+            for key in keys:
+                delete_quietly(key, quarantine_storage())
+        return False
+    for key in keys:
+        publish_object(key)  # before the commit that makes the rows public
     with transaction.atomic():
-        if not GenerationJob.objects.filter(id=job_id, stage=JobStage.REVEAL).update(
-            **at(JobStage.DONE), started_at=job.cache_reveal_at, finished_at=now, progress_step=job.steps,
-        ):
+        if not _revealing().filter(id=job_id).update(**at(JobStage.DONE), finished_at=now, progress_step=job.steps):
+            transaction.on_commit(lambda: _unpublish(keys))
             return False
+        GeneratedImage.objects.filter(job_id=job_id, tier="quarantine").update(tier="public")
         metrics.count_jobs(JobStatus.DONE, job.model_version)
         status_on_commit(job.id)
+    metrics.observe("imagegen_submit_to_done_seconds", (now - job.created_at).total_seconds())
     return True
+
+
+def _unpublish(keys: list[str]) -> None:
+    from jobs.media.storage import unpublish_object
+
+    for key in keys:
+        unpublish_object(key, keep_private_copy=False)
 
 
 reveal_cached_task = shared_task(name=REVEAL_TASK, ignore_result=True)(reveal_cached)
 
 
 def reveal_due(now=None, limit: int = 500) -> int:
+    """The reaper's part: cross-user hits whose start was sent longer ago than the reveal row's
+    re-send bound, or whose end is overdue by it (the message lost with the broker, or its worker
+    lost), are sent again, each at most once per that bound (a duplicate moves nothing)."""
     now = now or timezone.now()
-    due = GenerationJob.objects.filter(stage=JobStage.REVEAL, cache_reveal_at__lte=now).values_list("id", flat=True)[:limit]
-    return sum(1 for job_id in list(due) if reveal_cached(job_id))
+    bound = stage_table.STAGES["reveal"].resend_seconds
+    stale = now - timedelta(seconds=bound)
+    sent = 0
+    for job in GenerationJob.objects.filter(stage=JobStage.REVEAL, scheduled_at__lte=stale)[:limit]:
+        if get_redis().set(f"{PREFIX}reveal-sent:{job.id}", "1", nx=True, ex=max(1, round(bound))):
+            _send_start(job)
+            sent += 1
+    for job_id in _revealing().filter(cache_reveal_at__lte=stale).values_list("id", flat=True)[:limit]:
+        if get_redis().set(f"{PREFIX}reveal-sent:{job_id}", "1", nx=True, ex=max(1, round(bound))):
+            try:
+                _send_reveal(str(job_id), 0.0)
+                sent += 1
+            except Exception:
+                log.warning("could not re-send the end of cross-user hit %s", job_id, exc_info=True)
+    return sent
 
 
 def move(job_id, from_stages, to_stage: str, when: dict | None = None, **fields) -> bool:
@@ -286,10 +399,12 @@ def admit(job_id, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK), **field
     wakes a GPU worker. Returns the stage it moved to, None when it was not in `from_stages`."""
     from_stages = [from_stages] if isinstance(from_stages, str) else list(from_stages)
     row = GenerationJob.objects.filter(id=job_id, stage__in=from_stages).values_list(
-        "stage", "rewrite", "rewritten_at").first()
+        "stage", "rewrite", "rewritten_at", "cache_reveal_at").first()
     if row is None:
         return None
-    stage, rewrite, rewritten_at = row
+    stage, rewrite, rewritten_at, reveal_at = row
+    if reveal_at is not None:  # a cross-user cache hit: its rewrite is the cached one's (taken at its start)
+        return JobStage.REVEAL if _enter_reveal(job_id, stage, **fields) else None
     if rewrite and rewritten_at is None:
         if not move(job_id, stage, JobStage.REWRITE, **fields):
             return None

@@ -19,9 +19,11 @@ so anyone could test in one request whether another user asked for a given (prom
   k-anonymous      (default) an entry serves its owner at once; another user only once
                    IMAGEGEN_CACHE_SHARE_K distinct users (the asker among them) asked for that
                    request, so the head of the prompt distribution is shared and a rare prompt
-                   never is; and a cross-user hit is answered like a fresh job (queued, done no
-                   sooner than a fresh job of its shape would finish: `reveal_delay`), so
-                   neither its answer nor its timing says that someone else asked
+                   never is; and a cross-user hit goes the way of a fresh job (admitted with its
+                   estimate and reserved, its prompt checked, waiting while earlier jobs of its
+                   lane wait, running for one pass of its shape, charged: jobs/actions/
+                   lifecycle.py), so neither its answers, its events, its timing nor its charge
+                   say that someone else asked
   user             an entry serves only the user whose request made it
   global-unseeded  requests without an explicit seed are shared (with IMAGEGEN_SEED_POLICY=fixed
                    that is where repeats come from); seeded ones stay per user. A hit still says
@@ -30,6 +32,10 @@ so anyone could test in one request whether another user asked for a given (prom
   global           every entry serves everyone
 Each delivered image is remembered under both keys (its owner's and the shared one), so the
 scope is decided where the lookup happens and a change of setting applies at once.
+
+A hit never shares an object: every job served from the cache gets its own file (`own_copies`:
+the same pixels, its own parameters and content credentials, its own key), so deleting one job's
+image removes one user's copy only. Entries keep pointing at the image that was generated.
 """
 
 from __future__ import annotations
@@ -190,34 +196,101 @@ def stats() -> dict:
     return {"hits": int(hits or 0), "misses": int(misses or 0)}
 
 
-def in_format(job, cached: dict[int, object]) -> dict[int, object]:
-    """The hits, each in the job's output format: one stored in another format is decoded and
-    encoded again with this job's parameters, written to quarantine and published (its pixels
-    were judged already: they are the cached image's). The copy names its source (source_key),
-    so a moderator's take-down of either reaches both. Same format: shared as it is."""
+def sources(job) -> dict[int, object]:
+    """index -> the servable cached image for it (the owner's entry, else the shared one), looked
+    up again where a cross-user hit is revealed: the submit's lookup decided the scope and counted
+    the asker, this counts nothing. An index whose image went meanwhile is missing."""
+    if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
+        return {}
+    keys = [request_key(job, i, shared=scope) for i in range(job.count) for scope in (False, True)]
+    found: dict[int, object] = {}
+    for n, image_id in enumerate(get_redis().mget(keys)):
+        if image_id and n // 2 not in found:
+            image = _servable(image_id)
+            if image is not None:
+                found[n // 2] = image
+    return found
+
+
+def reveal_at(job, eta_seconds: float | None):
+    """When a cross-user hit is done: when a fresh job admitted with this estimate would be, and
+    no sooner than one of its shape on an idle queue."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    return timezone.now() + timedelta(seconds=max(eta_seconds or 0.0, reveal_delay(job)))
+
+
+def own_copies(job, cached: dict[int, object]) -> dict[int, object]:
+    """Each hit as a file of this job's own: the cached image's pixels, encoded again in this job's
+    output format with its own parameters and content credentials (naming this job, not the one
+    that made it), written to private quarantine under a new key; `publish` makes them public. So
+    no two jobs share an object: a delete removes one user's copy, never another's. Each copy
+    names its source (source_key): a moderator's take-down of any of them reaches them all.
+
+    It signs, so it runs where the signing key is (imagegen/signing_credentials.py): the web
+    process for a hit answered at once, the GPU worker for a cross-user hit (its reveal stage).
+    A lossless (PNG) source gives exactly the file a fresh job would have written; a JPEG or WebP
+    source is decoded and encoded again."""
     from jobs.media import credentials, encoding
-    from jobs.media.storage import public_storage, publish_object, store_quarantined
+    from jobs.media.storage import public_storage, store_quarantined
     from safety.image_policy import steered_negative
 
+    adopt(job, cached)
     out: dict[int, object] = {}
-    for index, image in cached.items():
-        key = image.storage_key  # type: ignore[attr-defined]
-        if encoding.format_of_key(key) == job.output_format:
-            out[index] = image
-            continue
-        with public_storage().open(key, "rb") as fh:
-            data = fh.read()
-        # the negative prompt the model was given: the source job's recorded steering before the
-        # user's own (the key says the user's is this job's)
-        given = steered_negative(image.job.steering or "", job.negative_prompt)  # type: ignore[attr-defined]
-        parameters = encoding.ImageParameters.of(job, int(job.seed) + index, given)
-        encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
-        encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
-        stored = store_quarantined(encoded.data, encoded.extension)
-        publish_object(stored.key)
-        converted = copy.copy(image)
-        converted.storage_key, converted.byte_size, converted.sha256 = stored.key, stored.byte_size, stored.sha256  # type: ignore[attr-defined]
-        converted.content_type, converted.content_sha256 = encoded.content_type, content_sha256  # type: ignore[attr-defined]
-        converted.source_key = image.source_key or key  # type: ignore[attr-defined]
-        out[index] = converted
+    try:
+        for index, image in cached.items():
+            key = image.storage_key  # type: ignore[attr-defined]
+            with public_storage().open(key, "rb") as fh:
+                data = fh.read()
+            # the negative prompt the model was given: the source job's recorded steering before the
+            # user's own (the key says the user's is this job's)
+            given = steered_negative(image.job.steering or "", job.negative_prompt)  # type: ignore[attr-defined]
+            parameters = encoding.ImageParameters.of(job, int(job.seed) + index, given)
+            encoded = encoding.convert(data, job.output_format, job.output_compression, parameters)
+            encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
+            stored = store_quarantined(encoded.data, encoded.extension)
+            own = copy.copy(image)
+            own.storage_key, own.byte_size, own.sha256 = stored.key, stored.byte_size, stored.sha256  # type: ignore[attr-defined]
+            own.content_type, own.content_sha256 = encoded.content_type, content_sha256  # type: ignore[attr-defined]
+            own.source_key = image.source_key or key  # type: ignore[attr-defined]
+            out[index] = own
+    except Exception:
+        discard(out)
+        raise
     return out
+
+
+REWRITE_FIELDS = ("revised_prompt", "rewriter_version", "rewrite_notes")  # what a rewrite wrote on its job
+
+
+def adopt(job, cached: dict[int, object]) -> None:
+    """What the job takes from the job that made its images: the same prompt through the same
+    rewriter draws the same rewrite (the key says so), and the same pixels were made with the same
+    steering (a regeneration needs it)."""
+    if not cached:
+        return
+    source = next(iter(cached.values())).job  # type: ignore[attr-defined]
+    if job.rewrite:
+        for name in REWRITE_FIELDS:
+            if hasattr(source, name):
+                setattr(job, name, getattr(source, name))
+        job.rewritten_at = job.rewritten_at or source.rewritten_at
+    job.steering = source.steering
+
+
+def publish(copies: dict[int, object]) -> None:
+    from jobs.media.storage import publish_object
+
+    for own in copies.values():
+        publish_object(own.storage_key)  # type: ignore[attr-defined]
+
+
+def discard(copies: dict[int, object]) -> None:
+    """Copies that will never be delivered (the submit refused, the job cancelled): deleted."""
+    from jobs.media.storage import delete_quietly, public_storage, quarantine_storage
+
+    for own in copies.values():
+        delete_quietly(own.storage_key, quarantine_storage())  # type: ignore[attr-defined]
+        delete_quietly(own.storage_key, public_storage())  # type: ignore[attr-defined]

@@ -21,8 +21,10 @@ from scheduling import catalogue, lanes, scheduler
 
 def submit_job(owner, data: dict) -> GenerationJob:
     """Admit a validated request: served from the request-hash cache when every image is
-    there (done at once, no queue, no GPU), else queued with only the missing images to make,
-    and its prompt check dispatched after commit. Raises admission.Refused (429) past the
+    there (done at once, no queue, no GPU; each image a file of the job's own), else queued with
+    only the missing images to make, and its prompt check dispatched after commit. A hit on
+    another user's entries (k-anonymous scope) is admitted, queued and checked as a fresh job
+    and revealed when one would be done (jobs/media/cache.py). Raises admission.Refused (429) past the
     user's limits or the honest wait limit. The job's estimate is left on job.estimate.
 
     The user's limits are checked twice: the in-flight limit first without a lock, so a user at
@@ -66,31 +68,55 @@ def _submit(owner, data: dict) -> GenerationJob:
 
     # The estimate's summary entry is read in the cache lookup's round trip (a miss needs it).
     admission.read_ahead(shape_for(job.steps), job.count, scheduler.tier_of(job.priority))
-    cached = cache.lookup(job, shared)
+    cached, cross_user = _usable(cache.lookup(job, shared), job.count)
     job.estimate = None
-    if len(cached) < job.count:
+    if len(cached) < job.count or cross_user:
+        # A cross-user hit is admitted as the fresh job it must look like: the same estimate,
+        # refusal or degradation, for all its images.
         steps, job.estimate = admission.admit_or_degrade(
-            shape_for, job.count - len(cached), job.steps, data.get("allow_degrade", False), owner,
-            scheduler.tier_of(job.priority), rewrite=job.rewrite, degrade_steps=_degrade_steps(job.model_version),
+            shape_for, job.count if cross_user else job.count - len(cached), job.steps, data.get("allow_degrade", False),
+            owner, scheduler.tier_of(job.priority), rewrite=job.rewrite, degrade_steps=_degrade_steps(job.model_version),
         )
         if steps != job.steps:
             metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
-            cached = cache.lookup(job, shared)
-    cached = cache.in_format(job, cached)  # a hit stored in another format is converted, not made again
-    job.billable_images = job.count - len(cached)
-    with transaction.atomic():
-        admission.check_user_limits(owner, job.billable_images, job.priority, locked=True)  # lock + counts: one statement
-        if len(cached) == job.count:
-            actions.finish_from_cache(job, cached)
-        else:
-            admission.count_prompt_check(owner)
-            actions.create_queued(job, cached)
-            # Robust: a broker outage must not turn an accepted (committed) job into an error
-            # answer that invites a duplicate; the reaper re-sends lost prompt checks.
-            # The first stage, through the stage table (imagegen/stage_table.py: its task and queue).
-            transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
+            cached, cross_user = _usable(cache.lookup(job, shared), job.count)
+    if cross_user:
+        # Queued, checked, reserved, charged and timed as a fresh job; its own files are made at
+        # its reveal, off this request, in the GPU worker (jobs/actions/lifecycle.py reveal_start).
+        job.billable_images, job.cache_reveal_at = job.count, cache.reveal_at(job, job.estimate.eta_seconds)
+        cached = {}
+    else:
+        job.billable_images = job.count - len(cached)
+        cached = cache.own_copies(job, cached)  # each hit a file of this job's own, in its format
+    try:
+        with transaction.atomic():
+            admission.check_user_limits(owner, job.billable_images, job.priority, locked=True)  # lock + counts: one statement
+            cache.publish(cached)  # before the commit that makes the rows public (as the publish stage does)
+            if len(cached) == job.count:
+                actions.finish_from_cache(job, cached)
+            else:
+                admission.count_prompt_check(owner)
+                actions.create_queued(job, cached)
+                # Robust: a broker outage must not turn an accepted (committed) job into an error
+                # answer that invites a duplicate; the reaper re-sends lost prompt checks.
+                # The first stage, through the stage table (imagegen/stage_table.py: its task and queue).
+                transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
+    except BaseException:
+        cache.discard(cached)
+        raise
     return job
+
+
+def _usable(cached: dict, count: int) -> tuple[dict, bool]:
+    """The hits a job may use, and whether it is a cross-user hit (k-anonymous scope). Another
+    user's entries serve only a job they cover whole: a part served at once and a part made would
+    be told apart from a fresh job."""
+    if any(getattr(image, "cross_user", False) for image in cached.values()):
+        if len(cached) == count:
+            return cached, True
+        cached = {index: image for index, image in cached.items() if not getattr(image, "cross_user", False)}
+    return cached, False
 
 
 def _integration_fields(data: dict) -> dict:
