@@ -404,7 +404,8 @@ def test_through_the_pipeline_the_user_hears_of_the_second_block_and_the_case_is
 def test_the_hand_written_reopen_changes_the_rows_the_orm_definition_names(owner):
     """reopen_appeals_blocked_again runs on every status change as one hand-written UPDATE; the
     ORM's `blocked_again` is its definition."""
-    from jobs.actions.review import BLOCKED_AGAIN, blocked_again, reopen_appeals_blocked_again
+    from jobs.actions.notify import BLOCKED_AGAIN, reopen_appeals_blocked_again
+    from jobs.actions.review import blocked_again
 
     now = timezone.now()
     appealed = {"appealed_at": now, "finished_at": now}

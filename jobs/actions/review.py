@@ -8,7 +8,7 @@ is decided once, and a decision on a case that is not open raises CaseNotOpen.
 
 An appeal a moderator overturned whose job a check then blocks again (the image gate on the
 images the approval let be made, or the rewrite's check) is open again
-(`reopen_appeals_blocked_again`, in the transaction of that block): the user's appeal shows as
+(jobs.actions.notify `reopen_appeals_blocked_again`, in the transaction of that block): the user's appeal shows as
 pending with a reason that says so, and the case is back in the queue, where the moderator who
 overturned it is told (`overturned_then_blocked`).
 """
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import logging
 
-from django.db import connections, router, transaction
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from imagegen import metrics
 from jobs.actions.images import take_down
 from jobs.actions.lifecycle import admit, move
-from jobs.actions.notify import status_on_commit
+from jobs.actions.notify import BLOCKED_AGAIN, status_on_commit
 from jobs.media.storage import publish_object
 from jobs.models import GeneratedImage, GenerationJob, JobStage, JobStatus, at
 from safety.models import SafetyVerdict
@@ -47,10 +47,6 @@ class NoSuchCase(ReviewError):
 
 DECISIONS = ("approve", "reject")
 OPEN_CASE = Q(stage=JobStage.REVIEW) | Q(stage=JobStage.BLOCKED, appealed_at__isnull=False, appeal_outcome="")
-BLOCKED_AGAIN = (" (This came after a moderator overturned the earlier block on your appeal: your appeal stays "
-                 "open and a moderator looks at this too.)")
-
-
 def overturned_before(reviewer=None) -> Exists:
     """A moderator's allow after the appeal (by `reviewer`, when given): an open appeal with one
     was overturned once and blocked again."""
@@ -100,31 +96,9 @@ def decide(job_id, decision: str, reviewer, notes: str = "") -> str:
 
 def blocked_again(job_ids):
     """Of these jobs, those whose appeal a moderator overturned and that a check (not a
-    moderator) has blocked since: the definition `reopen_appeals_blocked_again` writes by hand."""
+    moderator) has blocked since: the definition jobs.actions.notify `reopen_appeals_blocked_again` writes by hand."""
     return GenerationJob.objects.filter(id__in=list(job_ids), stage=JobStage.BLOCKED, appeal_outcome="overturned").exclude(
         blocked_stage="human")
-
-
-def reopen_appeals_blocked_again(job_ids) -> int:
-    """Called by every status change, inside its transaction, before anyone hears of it
-    (jobs.actions.notify): the jobs of `blocked_again` have their appeal open again, the reason
-    saying why. Every status change pays for it, so it is one hand-written UPDATE (about 30 us on
-    SQLite, where the ORM's spent some 300 us building and compiling its statement each call);
-    tests/test_review_api.py checks it changes the rows `blocked_again` names."""
-    ids = list(job_ids)
-    if not ids:
-        return 0
-    connection = connections[router.db_for_write(GenerationJob)]
-    quote, pk = connection.ops.quote_name, GenerationJob._meta.pk
-    assert pk is not None
-    sql = (f"UPDATE {quote(GenerationJob._meta.db_table)} SET {quote('appeal_outcome')} = %s, "
-           f"{quote('reason')} = {quote('reason')} || %s WHERE {quote('id')} IN ({', '.join(['%s'] * len(ids))}) "
-           f"AND {quote('stage')} = %s AND {quote('appeal_outcome')} = %s AND {quote('blocked_stage')} <> %s")
-    params = ["", BLOCKED_AGAIN, *(pk.get_db_prep_value(job_id, connection) for job_id in ids), JobStage.BLOCKED.value,
-              "overturned", "human"]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount
 
 
 def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) -> None:
