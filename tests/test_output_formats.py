@@ -130,9 +130,10 @@ def test_a_cache_hit_in_another_format_is_converted_not_generated(workers, alice
     with Image.open(io.BytesIO(webp)) as a, Image.open(io.BytesIO(data)) as b:
         assert a.convert("RGB").tobytes() == b.convert("RGB").tobytes(), "the same pixels, re-encoded"
 
-    # Same format again: shared as it is.
+    # Same format again: a file of its own (its own credentials and key), made from the original.
     same = submit(bob_api, prompt="a purple triangle", seed=9090, output_format="webp")
-    assert GeneratedImage.objects.get(job_id=same["id"]).storage_key == original.storage_key
+    row = GeneratedImage.objects.get(job_id=same["id"])
+    assert row.storage_key != original.storage_key and row.source_key == original.storage_key
 
     # A moderator's take-down of the original reaches the converted copy too.
     moderator = get_user_model().objects.create_user("mod-formats", is_staff=True)

@@ -67,7 +67,7 @@ def test_an_allowed_image_is_served_from_the_cache_to_the_same_gate(workers, ali
     second = alice_api.post("/api/v1/jobs", {"prompt": "a green circle on a white background", "width": 64, "height": 64,
                                              "steps": 3, "seed": 4343}, format="json").json()
     assert second["status"] == "done"  # at once, from the cache
-    assert GenerationJob.objects.get(id=second["id"]).images.get().storage_key == first.images.get().storage_key
+    assert GenerationJob.objects.get(id=second["id"]).images.get().source_key == first.images.get().storage_key
 
 
 def test_production_refuses_to_deliver_unchecked_images_without_a_second_setting(tmp_path):
