@@ -69,7 +69,8 @@ def embedded(var_dir: Path) -> SigningCredentials:
 
 
 # The process types that sign images, besides the workers whose stage rows load "signing_key"
-# (imagegen/stage_table.py): the web processes convert a cached image to another format and sign it.
+# (imagegen/stage_table.py): the web processes make a cache hit's own file (its own credentials)
+# when they answer it at once; a cross-user hit's is made by its lane's GPU worker (the reveal row).
 SIGNING_PROCESSES = ("web",)
 
 

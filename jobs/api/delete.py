@@ -24,8 +24,8 @@ class JobDetailDelete(JobDetail):
         summary="Delete a job and purge its images",
         description=(
             "Owner only (404 for anyone else). Cancels the job if it has not finished, deletes its images' "
-            "objects (public and private copies; an object still shared with another job through the "
-            "request-hash cache stays), purges their URLs from the CDN, and deletes the job. 204."
+            "objects (public and private copies: every job has its own, a cache hit too; an object that a "
+            "job made before that change still shares stays), purges their URLs from the CDN, and deletes the job. 204."
         ),
         request=None,
         responses={204: None},
