@@ -4,7 +4,9 @@
   operation can give, in the shape its API uses: the native API's `{"detail": ...}` and
   `{field: [messages]}`, the OpenAI-compatible routes' `{"error": {...}}`; 429 and 503 carry
   Retry-After, 401 carries WWW-Authenticate.
-- JobSerializerExtension types the job JSON's computed fields (progress, images, batch).
+- JobSerializerExtension types the job JSON's computed fields (progress, images, batch);
+  StrictSerializerExtension says `additionalProperties: false` for the request bodies, which
+  refuse unknown fields (jobs/api/strict.py).
 - document_plain_views (a postprocessing hook) documents the routes that are plain Django
   views, not DRF ones: the SSE stream with its event shapes, the image URL, /healthz (and
   /readyz, /metrics when they exist).
@@ -72,7 +74,8 @@ OPENAI_ERROR_SCHEMA = {
                     "type": "string",
                     "nullable": True,
                     "description": (
-                        "moderation_blocked, content_policy_review, invalid_value, model_not_found, "
+                        "moderation_blocked, content_policy_review, invalid_value, unknown_parameter, "
+                        "invalid_type, unsupported_parameter, model_not_found, "
                         "invalid_api_key, rate_limit_exceeded, generation_failed, job_cancelled, timeout, "
                         "service_unavailable, unknown_url, ..."
                     ),
@@ -316,6 +319,20 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
             "scheme": "bearer",
             "description": "The same API token as `Authorization: Token ...`, sent as `Authorization: Bearer <token>`.",
         }
+
+
+class StrictSerializerExtension(OpenApiSerializerExtension):
+    """A request body of a StrictSerializer (jobs/api/strict.py) takes no other fields: an unknown
+    one is a 400 naming it."""
+
+    target_class = "jobs.api.strict.StrictSerializer"
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema
 
 
 class JobSerializerExtension(OpenApiSerializerExtension):
@@ -659,7 +676,3 @@ class QueueModelSerializer(serializers.Serializer):
 
 class QueueSerializer(serializers.Serializer):
     models = QueueModelSerializer(many=True)
-
-
-class AppealRequestSerializer(serializers.Serializer):
-    note = serializers.CharField(required=False, allow_blank=True, max_length=1000, help_text="A note for the moderator.")

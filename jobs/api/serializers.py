@@ -6,6 +6,14 @@ from django.conf import settings
 from rest_framework import serializers
 
 from jobs.api.openai.compat import QUALITIES, model_for, steps_for, variant_for
+from jobs.api.strict import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictChoiceField,
+    StrictFloatField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 from jobs.models import OutputFormat, Priority
 
 
@@ -17,55 +25,60 @@ def _no_lone_surrogates(value: str) -> str:
     return value
 
 
-class JobCreateSerializer(serializers.Serializer):
-    prompt = serializers.CharField(min_length=1, max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, trim_whitespace=True)
-    negative_prompt = serializers.CharField(
+class JobCreateSerializer(StrictSerializer):
+    unknown_field_hints = {
+        "size": "give `width` and `height` (numbers of pixels, from the size menu) instead",
+        "n": "give `count` instead",
+    }
+
+    prompt = StrictCharField(min_length=1, max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, trim_whitespace=True)
+    negative_prompt = StrictCharField(
         required=False, allow_blank=True, default="", max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS
     )
-    width = serializers.IntegerField(required=False, min_value=1, max_value=16384)
-    height = serializers.IntegerField(required=False, min_value=1, max_value=16384)
-    steps = serializers.IntegerField(
+    width = StrictIntegerField(required=False, min_value=1, max_value=16384)
+    height = StrictIntegerField(required=False, min_value=1, max_value=16384)
+    steps = StrictIntegerField(
         required=False, min_value=settings.IMAGEGEN_MIN_STEPS, max_value=settings.IMAGEGEN_MAX_STEPS
     )
-    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**32 - 1)
-    count = serializers.IntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
-    guidance_scale = serializers.FloatField(required=False, min_value=0.0, max_value=30.0)
-    allow_degrade = serializers.BooleanField(required=False, default=False)
-    model = serializers.CharField(
+    seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**32 - 1)
+    count = StrictIntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
+    guidance_scale = StrictFloatField(required=False, min_value=0.0, max_value=30.0)
+    allow_degrade = StrictBooleanField(required=False, default=False)
+    model = StrictCharField(
         required=False, allow_blank=True, default="", max_length=100,
         help_text="A served model version (GET /api/v1/models); absent: the default model. Its "
         "default steps and guidance apply when the request gives none.",
     )
-    quality = serializers.ChoiceField(
+    quality = StrictChoiceField(
         choices=QUALITIES, required=False, allow_blank=True, default="",
         help_text="A quality tier: its steps (unless `steps` is given), its levers, and with no `model` the tier's "
         "model where the server sends one elsewhere (docs/api.md). Absent or auto: the model's defaults.",
     )
-    output_format = serializers.ChoiceField(
+    output_format = StrictChoiceField(
         choices=OutputFormat.choices, required=False, default=OutputFormat.PNG,
         help_text="The image files' format: png (lossless), jpeg or webp.",
     )
-    output_compression = serializers.IntegerField(
+    output_compression = StrictIntegerField(
         required=False, allow_null=True, default=None, min_value=0, max_value=100,
         help_text="jpeg/webp quality, 0-100 (absent: 100, the best); png ignores it.",
     )
 
-    rewrite = serializers.ChoiceField(
+    rewrite = StrictChoiceField(
         choices=["auto", "on", "off"], required=False, default="auto",
         help_text="The prompt rewriter (docs/rewriter.md): on, off, or auto (the server's default, "
         "IMAGEGEN_REWRITE_DEFAULT). The prompt it writes is checked again, drawn, and shown as revised_prompt.",
     )
 
     # Scheduling tier, deadline and completion webhook (issue 19; docs/api.md).
-    priority = serializers.ChoiceField(
+    priority = StrictChoiceField(
         choices=Priority.choices, required=False, default=Priority.INTERACTIVE,
         help_text="interactive (default) or batch: batch work fills passes and idle GPUs, after interactive work.",
     )
-    cancel_after = serializers.IntegerField(
+    cancel_after = StrictIntegerField(
         required=False, allow_null=True, default=None, min_value=1, max_value=settings.IMAGEGEN_MAX_CANCEL_AFTER,
         help_text="Seconds: a job no GPU worker has claimed by then ends cancelled ('deadline passed'), not charged.",
     )
-    webhook_url = serializers.CharField(
+    webhook_url = StrictCharField(
         required=False, allow_blank=True, default="", max_length=2000,
         help_text="A signed POST (Standard Webhooks) of the job's JSON on each terminal status; https.",
     )
@@ -151,3 +164,8 @@ class JobCreateSerializer(serializers.Serializer):
                 {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}
             )
         return attrs
+
+
+class AppealSerializer(StrictSerializer):
+    note = StrictCharField(required=False, allow_blank=True, default="", max_length=1000,
+                           help_text="A note for the moderator.")

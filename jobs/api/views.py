@@ -21,8 +21,8 @@ from jobs.access import usage
 from jobs.access.throttles import RateLimited
 from jobs.admission.control import Refused
 from jobs.api import idempotency, prefer
-from jobs.api.schema import AppealRequestSerializer, ConflictSerializer, QueueSerializer, RefusedSerializer
-from jobs.api.serializers import JobCreateSerializer
+from jobs.api.schema import ConflictSerializer, QueueSerializer, RefusedSerializer
+from jobs.api.serializers import AppealSerializer, JobCreateSerializer
 from jobs.media.storage import public_storage
 from jobs.models import TERMINAL_STATUSES, GeneratedImage, GenerationJob
 from jobs.pipeline.submit import submit_job
@@ -151,7 +151,7 @@ class JobDetail(APIView):
         operation_id="jobs_appeal",
         summary="Appeal a blocked job",
         description="The owner of a blocked job asks once for a moderator's decision; the case joins the review queue.",
-        request=AppealRequestSerializer,
+        request=AppealSerializer,
         responses={
             202: JobSerializer,
             400: OpenApiResponse(description="The note is invalid, or the job is not blocked (`{detail, status}`)."),
@@ -166,9 +166,9 @@ class JobAppeal(APIView):
         from jobs.actions import ReviewError, appeal
 
         job = own_job(request, job_id)
-        note = request.data.get("note", "") if isinstance(request.data, dict) else ""
-        if not isinstance(note, str) or len(note) > 1000:
-            return Response({"note": ["must be text of at most 1000 characters"]}, status=status.HTTP_400_BAD_REQUEST)
+        given = AppealSerializer(data=request.data)
+        given.is_valid(raise_exception=True)
+        note = given.validated_data["note"]
         try:
             with transaction.atomic():  # the bound and the appeal in one step, under the user's lock
                 usage.lock_user(request.user.pk)

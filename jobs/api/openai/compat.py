@@ -28,6 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers
 
 from imagegen import stage_table
+from jobs.api.strict import StrictBooleanField, StrictChoiceField, StrictIntegerField, StrictSerializer
 from jobs.media.encoding import OUTPUT_FORMATS
 
 _TIER_OF = {"low": "low", "medium": "medium", "standard": "medium", "high": "high", "hd": "high"}
@@ -79,35 +80,35 @@ def event_quality(quality: str | None) -> str:
     return _EVENT_QUALITY.get(quality or "auto", quality or "auto")
 
 
-class OpenAIImageOptions(serializers.Serializer):
+class OpenAIImageOptions(StrictSerializer):
     """The Images API request fields the native job does not have under these names."""
 
-    stream = serializers.BooleanField(
+    stream = StrictBooleanField(
         required=False, allow_null=True, default=False,
         help_text="`true`: answer `text/event-stream` with `image_generation.partial_image` and "
                   "`image_generation.completed` events (docs/api.md).",
     )
-    partial_images = serializers.IntegerField(
+    partial_images = StrictIntegerField(
         required=False, allow_null=True, default=0, min_value=0, max_value=MAX_PARTIAL_IMAGES,
         help_text="With `stream`: at most this many partial images (0-3), the job's gated previews.",
     )
-    output_format = serializers.ChoiceField(
+    output_format = StrictChoiceField(
         choices=list(OUTPUT_FORMATS), required=False, allow_null=True, default="png",
         help_text="png (default), jpeg or webp: the files' format, encoded once on the GPU worker.",
     )
-    output_compression = serializers.IntegerField(
+    output_compression = StrictIntegerField(
         required=False, allow_null=True, default=None, min_value=0, max_value=100,
         help_text="jpeg/webp quality 0-100 (absent: 100); png ignores it.",
     )
-    quality = serializers.ChoiceField(
+    quality = StrictChoiceField(
         choices=list(QUALITIES), required=False, allow_null=True, default="auto",
         help_text="Denoising steps: low 8, medium/standard 20, high/hd 40, auto the server default.",
     )
-    background = serializers.ChoiceField(
+    background = StrictChoiceField(
         choices=["auto", "opaque", "transparent"], required=False, allow_null=True, default="auto",
         help_text="Images are opaque; `transparent` is refused.",
     )
-    moderation = serializers.ChoiceField(
+    moderation = StrictChoiceField(
         choices=["auto", "low"], required=False, allow_null=True,
         help_text="Accepted for compatibility; the safety gates are never lowered.",
     )

@@ -11,6 +11,9 @@ native API tokens. Errors are in OpenAI's shape, `{"error": {message, type, para
 | situation                                   | status | type / code                                   |
 | ------------------------------------------- | ------ | --------------------------------------------- |
 | invalid field (size not on the menu, n, ...) | 400    | invalid_request_error / invalid_value, param  |
+| a parameter the Images API does not define  | 400    | invalid_request_error / unknown_parameter, param |
+| a value of the wrong JSON type ("n": "2")    | 400    | invalid_request_error / invalid_type, param   |
+| GIF/SVG-only parameters (frame_count, svg)   | 400    | invalid_request_error / unsupported_parameter, param |
 | unknown model                               | 400    | invalid_request_error / model_not_found       |
 | prompt or image blocked by the policy       | 400    | invalid_request_error / moderation_blocked (+ moderation_details) |
 | held for a moderator (review)               | 400    | invalid_request_error / content_policy_review (job id in message) |
@@ -49,6 +52,7 @@ from jobs.api.openai import compat as openai_compat
 from jobs.api.openai import stream as openai_stream
 from jobs.api.schema import ImagesResponseSerializer, ModelListSerializer, ModelSerializer
 from jobs.api.serializers import JobCreateSerializer
+from jobs.api.strict import INVALID_TYPE, UNKNOWN_FIELD, StrictCharField, StrictChoiceField, StrictIntegerField, json_kind
 from jobs.media.storage import image_url, public_storage
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.pipeline.submit import submit_job
@@ -119,6 +123,33 @@ def _first_message(data) -> tuple[str | None, str]:
     if isinstance(data, list) and data:
         return _first_message(data[0])
     return None, str(data)
+
+
+# Parameters of OpenAI's Images API that only go with outputs this server does not produce: named
+# as unsupported rather than unknown.
+UNSUPPORTED = {"frame_count": "GIF output", "frame_duration_ms": "GIF output", "svg": "SVG output"}
+
+
+def invalid_request(form: serializers.Serializer) -> OpenAIError:
+    """A request form's first error as OpenAI answers it: an unknown parameter first (its own
+    message, `unknown_parameter`), then a value of the wrong JSON type (`invalid_type`), then
+    an invalid value."""
+    errors = form.errors
+    param, message = _first_message(errors)
+    name = next(iter(errors), None)
+    first = errors[name][0] if name is not None and isinstance(errors[name], list) and errors[name] else None
+    code = getattr(first, "code", None)
+    if code == UNKNOWN_FIELD and name in UNSUPPORTED:
+        return OpenAIError(400, f"Unsupported parameter: '{name}' is not supported here: this server does not produce "
+                                f"{UNSUPPORTED[name]}.", param=name, code="unsupported_parameter")
+    if code == UNKNOWN_FIELD:
+        return OpenAIError(400, f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+    expected = getattr(form.fields.get(name), "expected", None) if name is not None else None
+    if code == INVALID_TYPE and expected:
+        given = form.initial_data.get(name) if isinstance(form.initial_data, dict) else None
+        return OpenAIError(400, f"Invalid type for '{name}': expected {expected}, but got {json_kind(given)} instead.",
+                           param=name, code="invalid_type")
+    return OpenAIError(400, message, param=param, code="invalid_value")
 
 
 def openai_exception_handler(exc, context):
@@ -204,29 +235,43 @@ def _size_choices() -> list[str]:
 
 
 class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
-    prompt = serializers.CharField(max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, help_text="What to draw.")
-    n = serializers.IntegerField(
+    prompt = StrictCharField(max_length=settings.IMAGEGEN_MAX_PROMPT_CHARS, help_text="What to draw.")
+    n = StrictIntegerField(
         required=False, allow_null=True, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1,
         help_text="How many images (one job, seeds seed+index).",
     )
-    size = serializers.CharField(
+    size = StrictCharField(
         required=False, allow_null=True, default=None,
         help_text=(
             "`WIDTHxHEIGHT` from the size menu (" + ", ".join(_size_choices()) + "); "
             '`"auto"` or absent: the first menu size.'
         ),
     )
-    response_format = serializers.ChoiceField(
+    response_format = StrictChoiceField(
         choices=["url", "b64_json"], required=False, allow_null=True, default="url",
         help_text="`url` (absolute, immutable, no auth needed) or `b64_json` (the PNG inline).",
     )
-    model = serializers.CharField(
+    model = StrictCharField(
         required=False, allow_null=True, allow_blank=True, default=None,
         help_text="A served model's id (see GET /v1/models); absent: the default (or the quality tier's model).",
     )
-    user = serializers.CharField(
+    user = StrictCharField(
         required=False, allow_null=True, allow_blank=True,
         help_text="Accepted for compatibility and only logged; the identity is the token's user.",
+    )
+    safety_identifier = StrictCharField(
+        required=False, allow_null=True, allow_blank=True,
+        help_text="`user`'s successor: accepted for compatibility and only logged.",
+    )
+    # Field.style (rendering hints) is an instance attribute; the metaclass takes this class one
+    # into the declared fields, so the name is free here.
+    style = StrictChoiceField(  # type: ignore[assignment]
+        choices=["vivid", "natural"], required=False, allow_null=True,
+        help_text="dall-e-3's style: accepted for compatibility; the served model has none.",
+    )
+    complexity = StrictChoiceField(
+        choices=["low", "medium", "high"], required=False, allow_null=True,
+        help_text="Accepted for compatibility; `quality` sets the work spent on an image here.",
     )
 
     def validate_size(self, value):
@@ -394,7 +439,9 @@ class ImageGenerations(OpenAICompatibleView):
             "medium 20, high 40, auto the server default); guidance is the server's default; `output_format` "
             "png/jpeg/webp with `output_compression`; `stream: true` (with `partial_images` 0-3) answers "
             "`text/event-stream` with `image_generation.partial_image` and `image_generation.completed` events "
-            "(docs/api.md). Other OpenAI parameters (style, ...) are ignored.\n\n"
+            "(docs/api.md). `style`, `complexity`, `moderation`, `user` and `safety_identifier` are accepted and "
+            "ignored (or only logged); any other parameter is a 400 `unknown_parameter` naming it, a value of the "
+            "wrong JSON type a 400 `invalid_type` (no coercion: `\"stream\": \"yes\"` is refused).\n\n"
             "Errors: 400 `moderation_blocked` with `moderation_details` {stage: input|output, categories} "
             "(blocked prompt or image), 400 `content_policy_review` "
             "(held for a moderator; the job id is in the message), 400 `invalid_value` with `param` (e.g. size), "
@@ -423,7 +470,8 @@ class ImageGenerations(OpenAICompatibleView):
     )
     def post(self, request):
         form = ImageGenerationSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
+        if not form.is_valid():
+            raise invalid_request(form)
         attrs = form.validated_data
         try:
             job, _ = idempotency.submitting(request, "openai", lambda: submit_job(request.user, _native_data(attrs)))
@@ -435,8 +483,8 @@ class ImageGenerations(OpenAICompatibleView):
                 headers={"Retry-After": str(refused.retry_after)},
             ) from refused
         log.info(
-            "openai-compatible generation: job %s for user %s (client-supplied user field %r)",
-            job.id, request.user.pk, attrs.get("user"),
+            "openai-compatible generation: job %s for user %s (client-supplied user %r, safety_identifier %r)",
+            job.id, request.user.pk, attrs.get("user"), attrs.get("safety_identifier"),
         )
         if attrs.get("stream"):
             return openai_stream.stream(request, job, attrs)  # the job's gated previews and images as events
