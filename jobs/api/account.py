@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs.access import tokens, usage
+from jobs.api.strict import StrictCharField, StrictChoiceField, StrictIntegerField, StrictSerializer
 from jobs.models import ApiToken
 from jobs.webhooks import delivery as webhooks
 
@@ -85,13 +86,13 @@ class TokenSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TokenIssueSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    expires_in_days = serializers.IntegerField(
+class TokenIssueSerializer(StrictSerializer):
+    name = StrictCharField(max_length=100, required=False, allow_blank=True, default="")
+    expires_in_days = StrictIntegerField(
         min_value=1, max_value=3650, required=False, allow_null=True,
         help_text="The token is refused after this many days; omit for none (a token issued by a token expires "
                   "with it at the latest).")
-    scope = serializers.ChoiceField(
+    scope = StrictChoiceField(
         choices=tokens.SCOPES, default="full",
         help_text="full: everything you may do; jobs: submit and read jobs, but not manage tokens or read the "
                   "webhook secret.")

@@ -12,8 +12,6 @@ as the stage table says, and a case is decided once (a second decision is a 409)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from django.db.models import Prefetch
 from django.http import Http404
 from django.urls import reverse
@@ -29,6 +27,7 @@ from jobs.access.tokens import FullScope
 from jobs.actions import review
 from jobs.api.schema import ErrorDetailSerializer
 from jobs.api.staff import can_see_private_images
+from jobs.api.strict import StrictCharField, StrictChoiceField, StrictSerializer
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
 from jobs.representation import JobSerializer
 from safety.models import SafetyVerdict
@@ -110,30 +109,12 @@ class ReviewCaseSerializer(serializers.Serializer):
         return request.build_absolute_uri(path) if request is not None else path
 
 
-class StrictText(serializers.CharField):
-    """Text only: a number or a list is an error, not coerced to a string."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class ReviewDecisionSerializer(serializers.Serializer):
-    decision = serializers.ChoiceField(choices=list(review.DECISIONS), help_text=(
+class ReviewDecisionSerializer(StrictSerializer):
+    decision = StrictChoiceField(choices=list(review.DECISIONS), help_text=(
         "approve: a held prompt goes on to be generated, held images are delivered, an appeal is overturned; "
         "reject: the job is blocked (its images stay private), an appeal is upheld."))
-    note = StrictText(required=False, allow_blank=True, max_length=NOTE_MAX, default="", help_text=(
+    note = StrictCharField(required=False, allow_blank=True, max_length=NOTE_MAX, default="", help_text=(
         "For the record, and for a rejection what the user reads as the reason (required with reject)."))
-
-    def to_internal_value(self, data):
-        if isinstance(data, Mapping):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                takes = ", ".join(self.fields)
-                raise serializers.ValidationError({name: [f"unknown field; this request takes {takes}"]
-                                                   for name in unknown})
-        return super().to_internal_value(data)
 
     def validate(self, attrs):
         if attrs["decision"] == "reject" and not attrs.get("note"):
