@@ -563,6 +563,7 @@ def main() -> None:
 
         close_runners()
         stack.close()
+        shutil.rmtree(stack.var, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
         if not a.pipelines:
             shutil.rmtree(pipelines, ignore_errors=True)
