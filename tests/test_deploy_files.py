@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import ipaddress
 import json
 import re
 import shlex
@@ -332,6 +333,59 @@ def test_the_images_default_command_is_a_procfile_line_and_exists():
 
 
 @pytest.mark.integration  # starts a process or opens a socket of its own
+def trusted_proxies(argv: list[str], env: dict[str, str]) -> str | None:
+    """What a web command gives uvicorn's --forwarded-allow-ips, its placeholder written out
+    (the shell's default, Kubernetes' $(VAR) from `env`); None when it gives none."""
+    if "--forwarded-allow-ips" not in argv:
+        return None
+    value = argv[argv.index("--forwarded-allow-ips") + 1]
+    value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), value)
+    return PLACEHOLDER.sub(lambda m: env.get(m.group("braced") or m.group("bare"), m.group("default") or ""), value)
+
+
+def test_no_deploy_file_lets_a_client_choose_its_own_address():
+    """Issue 44, item 3: `--forwarded-allow-ips "*"` let any client that reaches a web process
+    directly write X-Forwarded-For and be whoever it said for the throttles, sign-in locks and the
+    /metrics allow-list, and IMAGEGEN_NUM_PROXIES=1 had the app read that header itself. Every web
+    command (the Procfile's, the manifest's, the image's) trusts named proxies only (addresses or
+    CIDRs, from IMAGEGEN_TRUSTED_PROXIES where the command has variables) and the app takes the
+    address uvicorn settled on (IMAGEGEN_NUM_PROXIES=0)."""
+    for path in (DEPLOY / "Procfile", DEPLOY / "kubernetes.yaml", CONTAINERFILE):
+        lines = "\n".join(ln for ln in path.read_text().splitlines() if not ln.lstrip().startswith("#"))
+        written = re.findall(r"forwarded-allow-ips[\"',\s]+([^\s,\]]+)", lines)
+        assert written and not [w for w in written if "*" in w], f"{path.name}: --forwarded-allow-ips {written}"
+    web_line = procfile()["web"]
+    assert "${IMAGEGEN_TRUSTED_PROXIES:-127.0.0.1}" in web_line.argv, web_line.argv
+    webs = [("Procfile", web_line), ("image", Process("image", json.loads(dict(instructions())["CMD"]), image_env()))]
+    webs += [("kubernetes.yaml", c) for c in manifest() if c.name == "web"]
+    assert len(webs) == 3, webs
+    for where, web in webs:
+        trusted = trusted_proxies(web.argv, web.env)
+        assert trusted, f"{where}: the web command names no proxy it trusts ({web.argv})"
+        for entry in trusted.split(","):
+            ipaddress.ip_network(entry.strip(), strict=False)  # an address or a CIDR, nothing else
+        # the image's ENV is its processes' environment; the Procfile's line sets it itself
+        assert web.env.get("IMAGEGEN_NUM_PROXIES") == "0", f"{where}: the app would read X-Forwarded-For itself"
+
+
+def test_the_manifests_database_url_comes_from_a_secret():
+    """Issue 44, item 3: PostgreSQL asks for a password (scram-sha-256), so DATABASE_URL carries
+    one: every container reads it by name from the imagegen-env Secret (a pod whose Secret lacks
+    it does not start) and no deploy file writes one."""
+    seen = 0
+    for doc in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()):
+        if not doc or doc.get("kind") != "Deployment":
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            url = [e for e in c.get("env", []) if e["name"] == "DATABASE_URL"]
+            assert len(url) == 1 and "value" not in url[0], f"{c['name']}: DATABASE_URL {url}"
+            ref = url[0].get("valueFrom", {}).get("secretKeyRef", {})
+            assert ref.get("name") == "imagegen-env" and ref.get("key") == "DATABASE_URL" and not ref.get("optional"), ref
+            seen += 1
+    assert seen >= 7, seen
+    assert "DATABASE_URL" not in image_env() and "DATABASE_URL" not in (DEPLOY / "Procfile").read_text()
+
+
 def test_the_containerfile_installs_the_projects_requirements():
     """requirements.txt is copied from the project and installed with -r; the only other package
     named is torch, at requirements.txt's exact pin read from that file, from TORCH_INDEX (by
