@@ -1,11 +1,13 @@
-"""Typed readers for settings that come from the environment.
+"""Readers of one environment value each, for the settings object (imagegen/config/).
 
-They fail loudly: a malformed value stops the process at start-up instead of being read as a
-default the operator did not choose.
+Each takes the variable's name and its value (set and not empty: an unset or empty variable
+takes the setting's default) and fails loudly, naming the variable: a malformed value stops the
+process at start-up instead of being read as a default the operator did not choose.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from functools import lru_cache
@@ -15,19 +17,11 @@ class ImproperlyConfiguredEnv(ValueError):
     pass
 
 
-def env_str(name: str, default: str | None = None) -> str:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        if default is None:
-            raise ImproperlyConfiguredEnv(f"{name} must be set")
-        return default
+def read_str(name: str, value: str) -> str:
     return value
 
 
-def env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
+def read_bool(name: str, value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
         return True
@@ -36,38 +30,27 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfiguredEnv(f"{name}={value!r} is not a boolean (use true/false)")
 
 
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
+def read_int(name: str, value: str) -> int:
     try:
         return int(value)
     except ValueError as exc:
         raise ImproperlyConfiguredEnv(f"{name}={value!r} is not an integer") from exc
 
 
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
+def read_float(name: str, value: str) -> float:
     try:
         return float(value)
     except ValueError as exc:
         raise ImproperlyConfiguredEnv(f"{name}={value!r} is not a number") from exc
 
 
-def env_list(name: str, default: list[str]) -> list[str]:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return list(default)
+def read_list(name: str, value: str) -> list[str]:
+    """A comma-separated list; blank items are dropped."""
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def env_sizes(name: str, default: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def read_sizes(name: str, value: str) -> list[tuple[int, int]]:
     """A size menu such as "64x64,96x64"."""
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return list(default)
     sizes = []
     for item in value.split(","):
         try:
@@ -78,10 +61,10 @@ def env_sizes(name: str, default: list[tuple[int, int]]) -> list[tuple[int, int]
     return sizes
 
 
-def env_caps(name: str) -> dict[str, int]:
+def read_caps(name: str, value: str) -> dict[str, int]:
     """Per-size batch caps such as "64x64:8,96x96:4"."""
     caps: dict[str, int] = {}
-    for item in env_list(name, []):
+    for item in read_list(name, value):
         try:
             size, cap = item.split(":")
             w, h = size.lower().split("x")
@@ -91,15 +74,12 @@ def env_caps(name: str) -> dict[str, int]:
     return caps
 
 
-def env_models(name: str, default: dict[str, str]) -> dict[str, str]:
+def read_models(name: str, value: str) -> dict[str, str]:
     """Model versions and their folders such as "shapes-v1-lcm=models/shapes-v1-lcm"; "none": none."""
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return dict(default)
     if value.strip().lower() == "none":
         return {}
     models: dict[str, str] = {}
-    for item in env_list(name, []):
+    for item in read_list(name, value):
         version, sep, path = item.partition("=")
         if not sep or not version.strip() or not path.strip() or "@" in version or "|" in version:
             raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not VERSION=PATH (no '@' or '|' in VERSION)")
@@ -107,19 +87,30 @@ def env_models(name: str, default: dict[str, str]) -> dict[str, str]:
     return models
 
 
-def env_weights(name: str) -> dict[str, float]:
+def read_weights(name: str, value: str) -> dict[str, float]:
     """Per-user fair-share weights such as "alice=4,bulk-bot=0.5" (usernames; default 1; at least 0.1)."""
     weights: dict[str, float] = {}
-    for item in env_list(name, []):
-        user, sep, value = item.rpartition("=")
+    for item in read_list(name, value):
+        user, sep, number = item.rpartition("=")
         try:
-            weight = float(value)
+            weight = float(number)
         except ValueError:
             weight = -1.0
         if not sep or not user.strip() or not weight >= 0.1 or weight > 1000:
             raise ImproperlyConfiguredEnv(f"{name}: {item!r} is not USERNAME=WEIGHT with a weight from 0.1 to 1000")
         weights[user.strip()] = weight
     return weights
+
+
+def read_networks(name: str, value: str) -> list[str]:
+    """Addresses or CIDRs, comma-separated, each checked."""
+    networks = read_list(name, value)
+    for net in networks:
+        try:
+            ipaddress.ip_network(net, strict=False)
+        except ValueError as exc:
+            raise ImproperlyConfiguredEnv(f"{name}: {net!r} is not an address or CIDR") from exc
+    return networks
 
 
 _UNITS = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600, "d": 86400, "day": 86400}
@@ -137,9 +128,8 @@ def parse_rate(rate: str) -> tuple[int, float] | None:
     return int(match.group(1)), float(int(match.group(2) or 1) * _UNITS[match.group(3)])
 
 
-def env_rate(name: str, default: str) -> str:
+def read_rate(name: str, value: str) -> str:
     """A request rate such as "120/min" (or "off"), checked at start-up."""
-    value = env_str(name, default)
     try:
         parse_rate(value)
     except ValueError as exc:
@@ -147,8 +137,7 @@ def env_rate(name: str, default: str) -> str:
     return value
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = env_str(name, default)
-    if value not in choices:
-        raise ImproperlyConfiguredEnv(f"{name}={value!r} is not one of {', '.join(choices)}")
-    return value
+def env_weights(name: str) -> dict[str, float]:
+    """IMAGEGEN_USER_WEIGHTS-style weights straight from the environment (none when unset)."""
+    value = os.environ.get(name)
+    return read_weights(name, value) if value else {}

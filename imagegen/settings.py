@@ -1,54 +1,211 @@
-"""Settings for imagegen. Every knob is read from the environment; see docs/configuration.md."""
+"""Settings for imagegen. Every knob is read from the environment into one typed object
+(imagegen/config/: each setting's type, default and help, grouped by concern); this module takes
+its names from it and builds Django's structures. docs/configuration.md's reference is generated
+from the object."""
 
 from __future__ import annotations
-
-import ipaddress
-from pathlib import Path
 
 import dj_database_url
 
 from imagegen import signing_credentials
-from imagegen.env import (
-    ImproperlyConfiguredEnv,
-    env_bool,
-    env_caps,
-    env_choice,
-    env_float,
-    env_int,
-    env_list,
-    env_models,
-    env_rate,
-    env_sizes,
-    env_str,
-    env_weights,
-)
+from imagegen.config import BASE_DIR, load
 from imagegen.secret_key import installation_secret_key
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("IMAGEGEN_VAR_DIR", str(BASE_DIR / "var")))
+_c = load()
 
-DEBUG = env_bool("DJANGO_DEBUG", False)
-EMBEDDED = env_bool("IMAGEGEN_EMBEDDED", True)
+# --- the settings object's values under their Django names (tests/test_settings_object.py checks
+# this list against the object: `python -m imagegen.config --assignments` prints it) ---
+# Installation
+VAR_DIR = _c.installation.var_dir
+EMBEDDED = _c.installation.embedded
+DEBUG = _c.installation.debug
+ALLOWED_HOSTS = _c.installation.allowed_hosts
+CSRF_TRUSTED_ORIGINS = _c.installation.csrf_trusted_origins
+# HTTPS
+SECURE_SSL_REDIRECT = _c.https.secure_ssl_redirect
+SECURE_HSTS_SECONDS = _c.https.secure_hsts_seconds
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _c.https.secure_hsts_include_subdomains
+SECURE_HSTS_PRELOAD = _c.https.secure_hsts_preload
+SECURE_PROXY_SSL_HEADER = _c.https.secure_proxy_ssl_header
+# Database, Redis, broker
+REDIS_URL = _c.services.redis_url
+CELERY_BROKER_URL = _c.services.celery_broker_url
+CELERY_TASK_TIME_LIMIT = _c.services.celery_task_time_limit
+CELERY_TASK_SOFT_TIME_LIMIT = _c.services.celery_task_soft_time_limit
+# Web tier
+IMAGEGEN_WEB_PROCESSES = _c.web.web_processes
+IMAGEGEN_WEB_THREADS = _c.web.web_threads
+IMAGEGEN_WEB_BACKLOG = _c.web.web_backlog
+IMAGEGEN_WEB_QUEUE_TIMEOUT = _c.web.web_queue_timeout
+IMAGEGEN_REDIS_POOL_SIZE = _c.web.redis_pool_size
+IMAGEGEN_REDIS_POOL_TIMEOUT = _c.web.redis_pool_timeout
+IMAGEGEN_SUMMARY_MAX_AGE = _c.web.summary_max_age
+IMAGEGEN_SERVER_TIMING = _c.web.server_timing
+# Served models and the rewriter
+IMAGEGEN_MODEL_PATH = _c.models.model_path
+IMAGEGEN_MODEL_NAME = _c.models.model_name
+IMAGEGEN_MODEL_VERSION = _c.models.model_version
+IMAGEGEN_EXTRA_MODELS = _c.models.extra_models
+IMAGEGEN_QUALITY_MODELS = _c.models.quality_models
+IMAGEGEN_CANARY_VERSION = _c.models.canary_version
+IMAGEGEN_CANARY_SHARE = _c.models.canary_share
+IMAGEGEN_REWRITER_PATH = _c.models.rewriter_path
+IMAGEGEN_REWRITE_DEFAULT = _c.models.rewrite_default
+IMAGEGEN_REWRITE_BATCH = _c.models.rewrite_batch
+IMAGEGEN_PRIOR_REWRITE_SECONDS = _c.models.prior_rewrite_seconds
+# Runtime levers
+IMAGEGEN_MODEL_FAMILY = _c.levers.model_family
+IMAGEGEN_DTYPE = _c.levers.dtype
+IMAGEGEN_ATTENTION = _c.levers.attention
+IMAGEGEN_CHANNELS_LAST = _c.levers.channels_last
+IMAGEGEN_COMPILE = _c.levers.compile
+IMAGEGEN_COMPILE_MODE = _c.levers.compile_mode
+IMAGEGEN_WARM_UP = _c.levers.warm_up
+IMAGEGEN_CFG_CUTOFF = _c.levers.cfg_cutoff
+IMAGEGEN_STEP_CACHE = _c.levers.step_cache
+IMAGEGEN_STEP_CACHE_THRESHOLD = _c.levers.step_cache_threshold
+IMAGEGEN_TRUE_CFG_SCALE = _c.levers.true_cfg_scale
+IMAGEGEN_TEXT_CACHE_SIZE = _c.levers.text_cache_size
+IMAGEGEN_PREVIEW_SOURCE = _c.levers.preview_source
+IMAGEGEN_PREVIEW_DECODER = _c.levers.preview_decoder
+# GPU worker
+IMAGEGEN_DEVICE = _c.worker.device
+IMAGEGEN_TORCH_THREADS = _c.worker.torch_threads
+IMAGEGEN_ACCELERATOR = _c.worker.accelerator
+IMAGEGEN_SIM_STEP_MS = _c.worker.sim_step_ms
+IMAGEGEN_SIM_BATCH_MARGINAL = _c.worker.sim_batch_marginal
+IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = _c.worker.prior_seconds_per_mpx_step
+IMAGEGEN_PREVIEW_EVERY = _c.worker.preview_every
+IMAGEGEN_PREVIEW_MIN_INTERVAL = _c.worker.preview_min_interval
+IMAGEGEN_ENCODE_THREADS = _c.worker.encode_threads
+IMAGEGEN_HANDOFF_DEPTH = _c.worker.handoff_depth
+IMAGEGEN_PNG_COMPRESS_LEVEL = _c.worker.png_compress_level
+# Request limits and defaults
+IMAGEGEN_SIZE_MENU = _c.requests.size_menu
+IMAGEGEN_MAX_STEPS = _c.requests.max_steps
+IMAGEGEN_DEFAULT_STEPS = _c.requests.default_steps
+IMAGEGEN_MAX_COUNT = _c.requests.max_count
+IMAGEGEN_DEFAULT_GUIDANCE = _c.requests.default_guidance
+IMAGEGEN_QUALITY_STEPS = _c.requests.quality_steps
+IMAGEGEN_QUALITY_LEVERS = _c.requests.quality_levers
+IMAGEGEN_MAX_CANCEL_AFTER = _c.requests.max_cancel_after
+IMAGEGEN_OPENAI_WAIT_SECONDS = _c.requests.openai_wait_seconds
+IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT = _c.requests.openai_cancel_on_disconnect
+# Batch scheduler and recovery
+IMAGEGEN_BATCH_CAP = _c.scheduler.batch_cap
+IMAGEGEN_BATCH_CAPS = _c.scheduler.batch_caps
+IMAGEGEN_FILL_WAIT = _c.scheduler.fill_wait
+IMAGEGEN_STARVATION_SECONDS = _c.scheduler.starvation_seconds
+IMAGEGEN_FAIR_SHARE = _c.scheduler.fair_share
+IMAGEGEN_USER_WEIGHTS = _c.scheduler.user_weights
+IMAGEGEN_LEASE_SECONDS = _c.scheduler.lease_seconds
+IMAGEGEN_MAX_ATTEMPTS = _c.scheduler.max_attempts
+IMAGEGEN_REAPER_INTERVAL = _c.scheduler.reaper_interval
+IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = _c.scheduler.prompt_check_resend_seconds
+IMAGEGEN_PROMPT_BATCH = _c.scheduler.prompt_batch
+IMAGEGEN_PRELOAD_PROMPT_FILTER = _c.scheduler.preload_prompt_filter
+IMAGEGEN_STAGE_RESEND_SECONDS = _c.scheduler.stage_resend_seconds
+IMAGEGEN_STAGE_RETRY_MAX_BACKOFF = _c.scheduler.stage_retry_max_backoff
+IMAGEGEN_CLASSIFY_RETRY_SECONDS = _c.scheduler.classify_retry_seconds
+IMAGEGEN_PUBLISH_RETRY_SECONDS = _c.scheduler.publish_retry_seconds
+# Cache, admission and per-user limits
+IMAGEGEN_CACHE_ENABLED = _c.admission.cache_enabled
+IMAGEGEN_CACHE_SCOPE = _c.admission.cache_scope
+IMAGEGEN_CACHE_SHARE_K = _c.admission.cache_share_k
+IMAGEGEN_SEED_POLICY = _c.admission.seed_policy
+IMAGEGEN_FIXED_SEED = _c.admission.fixed_seed
+IMAGEGEN_MAX_QUEUE_WAIT = _c.admission.max_queue_wait
+IMAGEGEN_DEGRADE_STEPS = _c.admission.degrade_steps
+IMAGEGEN_MAX_QUEUED_IMAGES = _c.admission.max_queued_images
+IMAGEGEN_USER_MAX_IN_FLIGHT = _c.admission.user_max_in_flight
+IMAGEGEN_USER_MAX_IMAGES_PER_DAY = _c.admission.user_max_images_per_day
+IMAGEGEN_BATCH_MAX_QUEUE_WAIT = _c.admission.batch_max_queue_wait
+IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT = _c.admission.user_max_batch_in_flight
+IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = _c.admission.user_max_batch_images_per_day
+IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE = _c.admission.user_prompt_checks_per_minute
+IMAGEGEN_USER_MAX_IN_REVIEW = _c.admission.user_max_in_review
+IMAGEGEN_USER_MAX_TOKENS = _c.admission.user_max_tokens
+IMAGEGEN_USER_MAX_STREAMS = _c.admission.user_max_streams
+IMAGEGEN_WATCH_REREAD_SECONDS = _c.admission.watch_reread_seconds
+# Request rates, sign-in, metrics access
+IMAGEGEN_THROTTLE_SUBMIT = _c.access.throttle_submit
+IMAGEGEN_THROTTLE_READ = _c.access.throttle_read
+IMAGEGEN_THROTTLE_STREAM = _c.access.throttle_stream
+IMAGEGEN_THROTTLE_IP = _c.access.throttle_ip
+IMAGEGEN_NUM_PROXIES = _c.access.num_proxies
+IMAGEGEN_SIGNIN_MAX_FAILURES = _c.access.signin_max_failures
+IMAGEGEN_SIGNIN_WINDOW_SECONDS = _c.access.signin_window_seconds
+IMAGEGEN_SIGNIN_MAX_DELAY = _c.access.signin_max_delay
+IMAGEGEN_SIGNIN_KNOWN_DAYS = _c.access.signin_known_days
+IMAGEGEN_METRICS_TOKEN = _c.access.metrics_token
+IMAGEGEN_METRICS_ALLOW = _c.access.metrics_allow
+IMAGEGEN_METRICS_CACHE_SECONDS = _c.access.metrics_cache_seconds
+# Safety
+IMAGEGEN_IMAGE_CLASSIFIER = _c.safety.image_classifier
+IMAGEGEN_ALLOW_UNCHECKED_DELIVERY = _c.safety.allow_unchecked_delivery
+IMAGEGEN_CLASSIFIER_TIMEOUT = _c.safety.classifier_timeout
+IMAGEGEN_SAFETY_POLICY = _c.safety.safety_policy
+IMAGEGEN_SAFETY_RECORD_DAYS = _c.safety.safety_record_days
+# Queues
+QUEUE_CPU = _c.queues.queue_cpu
+QUEUE_IO = _c.queues.queue_io
+QUEUE_GPU_PREFIX = _c.queues.queue_gpu_prefix
+QUEUE_CLASSIFY = _c.queues.queue_classify
+QUEUE_WEBHOOKS = _c.queues.queue_webhooks
+QUEUE_REWRITE = _c.queues.queue_rewrite
+# Idempotency, Prefer: wait, webhooks
+IMAGEGEN_IDEMPOTENCY_HOURS = _c.integration.idempotency_hours
+IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS = _c.integration.idempotency_takeover_seconds
+IMAGEGEN_PREFER_WAIT_MAX = _c.integration.prefer_wait_max
+IMAGEGEN_PREFER_WAIT_PER_USER = _c.integration.prefer_wait_per_user
+IMAGEGEN_WEBHOOK_TIMEOUT = _c.integration.webhook_timeout
+IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = _c.integration.webhook_resolve_timeout
+IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER = _c.integration.webhook_lookups_per_user
+IMAGEGEN_WEBHOOK_LEASE_SLACK = _c.integration.webhook_lease_slack
+IMAGEGEN_WEBHOOK_BACKOFF = _c.integration.webhook_backoff
+IMAGEGEN_WEBHOOK_RETRY_HOURS = _c.integration.webhook_retry_hours
+# Object storage
+MEDIA_ROOT = _c.storage.media_root
+MEDIA_URL = _c.storage.media_url
+IMAGEGEN_CDN_PURGE_HOOK = _c.storage.cdn_purge_hook
+IMAGEGEN_S3_BUCKET = _c.storage.s3_bucket
+IMAGEGEN_S3_ENDPOINT_URL = _c.storage.s3_endpoint_url
+IMAGEGEN_S3_REGION = _c.storage.s3_region
+IMAGEGEN_S3_ACCESS_KEY_ID = _c.storage.s3_access_key_id
+IMAGEGEN_S3_SECRET_ACCESS_KEY = _c.storage.s3_secret_access_key
+IMAGEGEN_S3_CUSTOM_DOMAIN = _c.storage.s3_custom_domain
+IMAGEGEN_S3_URL_PROTOCOL = _c.storage.s3_url_protocol
+IMAGEGEN_S3_ADDRESSING_STYLE = _c.storage.s3_addressing_style
+IMAGEGEN_S3_PUBLIC_ACL = _c.storage.s3_public_acl
+IMAGEGEN_S3_QUARANTINE_BUCKET = _c.storage.s3_quarantine_bucket
+IMAGEGEN_S3_QUARANTINE_PREFIX = _c.storage.s3_quarantine_prefix
+IMAGEGEN_S3_PRESIGN_SECONDS = _c.storage.s3_presign_seconds
+IMAGEGEN_S3_COLD_STORAGE_CLASS = _c.storage.s3_cold_storage_class
+IMAGEGEN_UPLOAD_ATTEMPTS = _c.storage.upload_attempts
+# Content credentials
+IMAGEGEN_C2PA_KEY = _c.credentials.c2pa_key
+IMAGEGEN_C2PA_CERT = _c.credentials.c2pa_cert
+IMAGEGEN_C2PA_TRUST_ANCHORS = _c.credentials.c2pa_trust_anchors
+IMAGEGEN_C2PA_TSA_URL = _c.credentials.c2pa_tsa_url
+# Retention and take-downs
+IMAGEGEN_HOT_DAYS = _c.retention.hot_days
+IMAGEGEN_COLD_MAX_VIEWS = _c.retention.cold_max_views
+IMAGEGEN_DROP_COLD_BYTES = _c.retention.drop_cold_bytes
+IMAGEGEN_DROP_AFTER_DAYS = _c.retention.drop_after_days
+IMAGEGEN_RETENTION_INTERVAL = _c.retention.retention_interval
+IMAGEGEN_RETENTION_BATCH = _c.retention.retention_batch
+IMAGEGEN_UNPUBLISH_INTERVAL = _c.retention.unpublish_interval
+IMAGEGEN_UNPUBLISH_RETRY_BACKOFF = _c.retention.unpublish_retry_backoff
+IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL = _c.retention.unpublish_reconcile_interval
+IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS = _c.retention.unpublish_reconcile_grace_seconds
+
+# --- derived from the values above ---
 # The embedded default runs on loopback with a key generated for this installation and kept in
 # the var folder (imagegen/secret_key.py); production must set its own (no default then).
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") if EMBEDDED else env_str("DJANGO_SECRET_KEY")
-SECRET_KEY = SECRET_KEY or installation_secret_key(VAR_DIR)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver", "[::1]"])
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
-
-# --- HTTPS (production): `manage.py check --deploy` passes with IMAGEGEN_EMBEDDED=false, a
-# secret key and the allowed hosts; the embedded default serves plain HTTP on loopback. ---
-SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", not EMBEDDED)
+SECRET_KEY = _c.installation.secret_key or installation_secret_key(VAR_DIR)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _c.https.secure_cookies
 # Probes and scrapes come over plain HTTP from inside the deployment.
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
-SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0 if EMBEDDED else 31536000)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", not EMBEDDED)
-SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", not EMBEDDED)
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", not EMBEDDED)
-# Behind a TLS-terminating proxy that sets it (and strips it from clients): e.g.
-# "HTTP_X_FORWARDED_PROTO,https". Without it, SSL redirect behind such a proxy loops.
-_proxy_header = env_list("DJANGO_SECURE_PROXY_SSL_HEADER", [])
-SECURE_PROXY_SSL_HEADER = (_proxy_header[0], _proxy_header[1]) if len(_proxy_header) == 2 else None
 
 INSTALLED_APPS = [
     "daphne",
@@ -81,7 +238,6 @@ MIDDLEWARE = [
 ]
 # A per-request breakdown in a Server-Timing header (wall, CPU, database, Redis, thread wait;
 # jobs/api/timing.py), for bench/api_load.py --breakdown. Off by default.
-IMAGEGEN_SERVER_TIMING = env_bool("IMAGEGEN_SERVER_TIMING", False)
 if IMAGEGEN_SERVER_TIMING:
     MIDDLEWARE.insert(0, "jobs.api.timing.ServerTimingMiddleware")
 
@@ -105,12 +261,8 @@ TEMPLATES = [
 ]
 
 # --- database: SQLite file by default, DATABASE_URL (PostgreSQL) in CI and production ---
-_sqlite_path = VAR_DIR / "db.sqlite3"
-DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{_sqlite_path}"), conn_max_age=60
-    )
-}
+DATABASES = {"default": dj_database_url.parse(_c.services.database_url, conn_max_age=60)}
+DATABASES["default"]["CONN_MAX_AGE"] = _c.services.db_conn_max_age
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Web and workers are separate processes writing one file: wait for the lock, don't fail.
     # WAL lets the web process read while a worker writes; synchronous=NORMAL keeps WAL durable
@@ -120,16 +272,14 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("IMAGEGEN_DB_CONN_MAX_AGE", 0)
     # Tests share the database with worker processes, so the test database is a file too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-db.sqlite3")}
 else:
     # One persistent connection per web thread (Django keeps connections per thread), checked
     # before reuse: the pool is the thread pool, so it can never run dry under load.
-    DATABASES["default"]["CONN_MAX_AGE"] = env_int("IMAGEGEN_DB_CONN_MAX_AGE", 60)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     # A connection attempt that hangs must not hold a web thread for long.
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", env_int("IMAGEGEN_DB_CONNECT_TIMEOUT", 5))
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("connect_timeout", _c.services.db_connect_timeout)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Django's validators: the admin's password forms and `changepassword` refuse short, common,
@@ -137,7 +287,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS: list[dict] = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
-     "OPTIONS": {"min_length": env_int("IMAGEGEN_PASSWORD_MIN_LENGTH", 10)}},
+     "OPTIONS": {"min_length": _c.access.password_min_length}},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
@@ -153,285 +303,18 @@ LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/"
 
-# --- Redis: broker, channel layer, scheduler state ---
-REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
-
-# --- the web tier (imagegen/asgi.py, scripts/run.py, docs/operations.md "Running the API tier") ---
-# Processes that serve HTTP and websockets on one port (0: one per CPU core, at most 8); sync
-# views run on WEB_THREADS threads in each. A request that finds every thread busy waits with
-# at most WEB_BACKLOG others, and at most WEB_QUEUE_TIMEOUT seconds; past either it is
-# answered 429 + Retry-After (busy), never queued without bound.
-IMAGEGEN_WEB_PROCESSES = env_int("IMAGEGEN_WEB_PROCESSES", 0)
-IMAGEGEN_WEB_THREADS = env_int("IMAGEGEN_WEB_THREADS", 8)
-IMAGEGEN_WEB_BACKLOG = env_int("IMAGEGEN_WEB_BACKLOG", 64)
-IMAGEGEN_WEB_QUEUE_TIMEOUT = env_float("IMAGEGEN_WEB_QUEUE_TIMEOUT", 2.0)
-# Connection pools, sized to the threads and blocking: a thread waits this long for a free
-# connection, then the answer is 429 (busy), never "Too many connections".
-IMAGEGEN_REDIS_POOL_SIZE = env_int("IMAGEGEN_REDIS_POOL_SIZE", IMAGEGEN_WEB_THREADS + 8)
-IMAGEGEN_REDIS_POOL_TIMEOUT = env_float("IMAGEGEN_REDIS_POOL_TIMEOUT", 2.0)
-# The wait-estimate summary (jobs/admission/summary.py): an entry is refreshed when older than 20
-# times its own compute time (at most 1/20 of a core per entry), and never used older than this.
-IMAGEGEN_SUMMARY_MAX_AGE = env_float("IMAGEGEN_SUMMARY_MAX_AGE", 30.0)
-
-# --- object storage ---
-MEDIA_ROOT = Path(env_str("IMAGEGEN_MEDIA_ROOT", str(VAR_DIR / "media")))
-MEDIA_URL = env_str("IMAGEGEN_MEDIA_URL", "/media/")
 STORAGES: dict[str, dict] = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"
-IMAGEGEN_CDN_PURGE_HOOK = env_str("IMAGEGEN_CDN_PURGE_HOOK", "jobs.media.cdn:log_purge")
 
-# --- the served model ---
-# The shipped models: shapes-v2 (issue 34: every kind drawn right) is the default; shapes-v1 stays
-# served, selectable, so its old jobs keep regenerating (a version no longer served answers 410);
-# the distilled students (shapes-v2-lcm where it is shipped, else shapes-v1-lcm) serve the
-# OpenAI "low" tier. IMAGEGEN_MODEL_PATH=models/shapes-v1 rolls back (docs/model.md).
-_shipped_v1 = BASE_DIR / "models" / "shapes-v1"
-_shipped_v2 = BASE_DIR / "models" / "shapes-v2"
-_shipped_students = [BASE_DIR / "models" / "shapes-v2-lcm", BASE_DIR / "models" / "shapes-v1-lcm"]
-_shipped = [m for m in (_shipped_v2, _shipped_v1, *_shipped_students) if (m / "model_index.json").exists()]
-_shipped_model = next((m for m in (_shipped_v2, _shipped_v1) if m in _shipped), None)
-_default_model = _shipped_model or VAR_DIR / "models" / "tiny-random"
-IMAGEGEN_MODEL_PATH = Path(env_str("IMAGEGEN_MODEL_PATH", str(_default_model)))
-_serving_shipped = IMAGEGEN_MODEL_PATH in _shipped
-# The model's name picks its GPU queue (gpu.<name>); the version is recorded on every job.
-IMAGEGEN_MODEL_NAME = env_str("IMAGEGEN_MODEL_NAME", "shapes")
-IMAGEGEN_MODEL_VERSION = env_str("IMAGEGEN_MODEL_VERSION", IMAGEGEN_MODEL_PATH.name)
-# More versions a job may choose with its `model` field, each on its own lane
-# (gpu.<name>@<version>): "version=path,...", or "none". Default: every other shipped model
-# beside a shipped default (scheduling/catalogue.py); none beside any other model.
-IMAGEGEN_EXTRA_MODELS = {
-    version: str(Path(path) if Path(path).is_absolute() else BASE_DIR / path)
-    for version, path in env_models(
-        "IMAGEGEN_EXTRA_MODELS",
-        {m.name: str(m) for m in _shipped if m != IMAGEGEN_MODEL_PATH} if _serving_shipped else {},
-    ).items()
-}
-# OpenAI quality tiers sent to another served model when a request names none: "low=VERSION,...".
-_student = next((m.name for m in _shipped_students if m.name in IMAGEGEN_EXTRA_MODELS), None)
-IMAGEGEN_QUALITY_MODELS = {
-    tier: version for tier, version in env_models(
-        "IMAGEGEN_QUALITY_MODELS", {"low": _student} if _student else {}
-    ).items() if version in IMAGEGEN_EXTRA_MODELS or version == IMAGEGEN_MODEL_VERSION
-}
-# Canary rollout: a share of new jobs goes to another version of the model, served by workers
-# started with that version's path on the queue gpu.<name>@<version>. `manage.py rollout`
-# compares the versions and moves queued jobs between them (promote / roll back).
-IMAGEGEN_CANARY_VERSION = env_str("IMAGEGEN_CANARY_VERSION", "")
-IMAGEGEN_CANARY_SHARE = env_float("IMAGEGEN_CANARY_SHARE", 0.0)
-IMAGEGEN_DEVICE = env_str("IMAGEGEN_DEVICE", "cpu")
-# The prompt rewriter (a stage of its own, `rewrite`, between the prompt check and generation;
-# docs/rewriter.md): a small language model that turns free-form descriptions into the served
-# model's caption grammar. Default: the shipped rewriter when the shipped model is served.
-_shipped_rewriter = BASE_DIR / "models" / "rewriter-v2"
-IMAGEGEN_REWRITER_PATH = env_str(
-    "IMAGEGEN_REWRITER_PATH",
-    str(_shipped_rewriter) if _serving_shipped and (_shipped_rewriter / "config.json").exists() else "",
-)
-# What a request's `rewrite: auto` (and every OpenAI-route request) means: on or off. On by
-# default wherever a rewriter is configured.
-IMAGEGEN_REWRITE_DEFAULT = env_str("IMAGEGEN_REWRITE_DEFAULT", "on" if IMAGEGEN_REWRITER_PATH else "off")
-if IMAGEGEN_REWRITE_DEFAULT not in ("on", "off"):
-    raise ImproperlyConfiguredEnv(f"IMAGEGEN_REWRITE_DEFAULT must be on or off, not {IMAGEGEN_REWRITE_DEFAULT!r}")
-# Prompts one forward pass of the rewriter takes at most (the waiting ones of every user).
-IMAGEGEN_REWRITE_BATCH = env_int("IMAGEGEN_REWRITE_BATCH", 16)
-# Seconds one rewriter pass is assumed to take before the first is measured (the shipped one:
-# ~11 ms at batch 1 and ~28 ms at batch 16 on one CPU thread; bench/rewriter.py).
-IMAGEGEN_PRIOR_REWRITE_SECONDS = env_float("IMAGEGEN_PRIOR_REWRITE_SECONDS", 0.03)
-# Runtime levers for the per-step cost (bench/runtime_levers.py measures each on and off).
-IMAGEGEN_DTYPE = env_str("IMAGEGEN_DTYPE", "float32")  # float32 | bfloat16 | float16 (GPU)
-IMAGEGEN_ATTENTION = env_str("IMAGEGEN_ATTENTION", "sdpa")  # sdpa | classic
-IMAGEGEN_CHANNELS_LAST = env_bool("IMAGEGEN_CHANNELS_LAST", False)
-IMAGEGEN_COMPILE = env_bool("IMAGEGEN_COMPILE", False)
-IMAGEGEN_COMPILE_MODE = env_str("IMAGEGEN_COMPILE_MODE", "default")  # or max-autotune, reduce-overhead
-# The family the operator expects at IMAGEGEN_MODEL_PATH (sd15, sdxl, sd3, flux, pixart; empty:
-# any). Every setting below is checked against the family at load (gpu_tasks/families.py): one
-# it cannot honour stops the worker at start, named in its log and in /readyz.
-IMAGEGEN_MODEL_FAMILY = env_str("IMAGEGEN_MODEL_FAMILY", "")
-# Stop classifier-free guidance after this fraction of the steps (0: off). sd15, sdxl, sd3.
-IMAGEGEN_CFG_CUTOFF = env_float("IMAGEGEN_CFG_CUTOFF", 0.0)
-# Step caching: off | first-block (diffusers' first-block cache; flux), and its threshold.
-IMAGEGEN_STEP_CACHE = env_str("IMAGEGEN_STEP_CACHE", "off")
-IMAGEGEN_STEP_CACHE_THRESHOLD = env_float("IMAGEGEN_STEP_CACHE_THRESHOLD", 0.05)
-# Flux: > 1 honours negative prompts by true CFG (a second pass per step); 1: negative prompts refused.
-IMAGEGEN_TRUE_CFG_SCALE = env_float("IMAGEGEN_TRUE_CFG_SCALE", 1.0)
-# Text-encoder outputs kept per (model version, prompt, negative prompt); 0: off.
-IMAGEGEN_TEXT_CACHE_SIZE = env_int("IMAGEGEN_TEXT_CACHE_SIZE", 0)
-# Previews decode the model's clean-image estimate (x0) or the noisy latents (latents).
-IMAGEGEN_PREVIEW_SOURCE = env_choice("IMAGEGEN_PREVIEW_SOURCE", "x0", ("x0", "latents"))
-# Previews through the tiny decoder a model ships (preview_decoder.safetensors); off: the linear map.
-IMAGEGEN_PREVIEW_DECODER = env_bool("IMAGEGEN_PREVIEW_DECODER", True)
-# Run each menu shape once at worker start (needed with torch.compile; cheap without).
-IMAGEGEN_WARM_UP = env_bool("IMAGEGEN_WARM_UP", IMAGEGEN_COMPILE)
-# "real" runs the diffusers pipeline; "simulated" sleeps by a cost model (gpu_tasks/simulated.py).
-IMAGEGEN_ACCELERATOR = env_str("IMAGEGEN_ACCELERATOR", "real")
-IMAGEGEN_SIM_STEP_MS = env_float("IMAGEGEN_SIM_STEP_MS", 40.0)
-IMAGEGEN_SIM_BATCH_MARGINAL = env_float("IMAGEGEN_SIM_BATCH_MARGINAL", 0.15)
-# Threads per worker process for torch on CPU; 0 leaves torch's default. One thread per
-# process measured 60x faster than the default when two processes share two cores.
-IMAGEGEN_TORCH_THREADS = env_int("IMAGEGEN_TORCH_THREADS", 1)
-
-# --- request limits ---
-IMAGEGEN_SIZE_MENU = env_sizes("IMAGEGEN_SIZE_MENU", [(64, 64), (96, 64), (64, 96), (96, 96)])
+# --- fixed request limits ---
 IMAGEGEN_MIN_STEPS = 1
-IMAGEGEN_MAX_STEPS = env_int("IMAGEGEN_MAX_STEPS", 150)
-IMAGEGEN_DEFAULT_STEPS = env_int("IMAGEGEN_DEFAULT_STEPS", 20)
-IMAGEGEN_MAX_COUNT = env_int("IMAGEGEN_MAX_COUNT", 8)
-IMAGEGEN_DEFAULT_GUIDANCE = env_float("IMAGEGEN_DEFAULT_GUIDANCE", 5.0)
-# The OpenAI route's quality tiers as steps, per served model ("low:8,medium:20,high:40");
-# docs/families.md has each tier's GPU-seconds and accuracy on the shipped model.
-IMAGEGEN_QUALITY_STEPS = {"low": 8, "medium": 20, "high": 40} | {
-    tier.strip(): int(steps) for tier, steps in (item.split(":") for item in env_list("IMAGEGEN_QUALITY_STEPS", []))
-}
-# The levers a tier bundles on the default model, "low:cfg-cutoff=0.5" (gpu_tasks/levers.py
-# `variant`): a job of that tier runs its pass with them, in batches of its own, and its cache
-# entries are its own. Other served models take theirs from serving.json (`quality_levers`).
-# Measured (bench/quality_tiers.py, docs/benchmarks.md "Quality tiers of the shipped model"): at low's 8 steps the cutoff lifts colour
-# accuracy from 66% to 100% and is faster; at 20 and 40 steps it costs 14-16 points of shape
-# accuracy, so only low bundles it. "none" bundles nothing.
-IMAGEGEN_QUALITY_LEVERS = {
-    tier.strip(): variant.strip()
-    for tier, variant in (
-        item.split(":", 1) for item in env_list("IMAGEGEN_QUALITY_LEVERS", ["low:cfg-cutoff=0.5"]) if item != "none"
-    )
-}
 IMAGEGEN_MAX_PROMPT_CHARS = 2000
 
-# --- batch scheduler ---
-IMAGEGEN_BATCH_CAP = env_int("IMAGEGEN_BATCH_CAP", 8)  # images per pass, any shape
-# Per-shape caps as "WxH:cap,..."; a measured table from `manage.py measure_batch_caps`.
-IMAGEGEN_BATCH_CAPS = env_caps("IMAGEGEN_BATCH_CAPS")
-IMAGEGEN_FILL_WAIT = env_float("IMAGEGEN_FILL_WAIT", 0.3)  # seconds a partial batch waits for more
-IMAGEGEN_STARVATION_SECONDS = env_float("IMAGEGEN_STARVATION_SECONDS", 10.0)
-# Fair share inside a shape: deficit round robin by images across owners (scheduling/policy.py);
-# false takes each shape first-in first-out (the scheduler before fair share, for comparison).
-IMAGEGEN_FAIR_SHARE = env_bool("IMAGEGEN_FAIR_SHARE", True)
-# Per-user fair-share weights, "username=weight,..." (default 1): a weight of 2 gets twice the images per round.
-IMAGEGEN_USER_WEIGHTS = env_weights("IMAGEGEN_USER_WEIGHTS")
-# A lease means a worker holds the work: taken when a worker starts a stage, renewed every third
-# of this while it runs. Work waiting in a queue holds none and is never declared stuck.
-IMAGEGEN_LEASE_SECONDS = env_float("IMAGEGEN_LEASE_SECONDS", 30.0)
-IMAGEGEN_MAX_ATTEMPTS = env_int("IMAGEGEN_MAX_ATTEMPTS", 3)
-IMAGEGEN_REAPER_INTERVAL = env_float("IMAGEGEN_REAPER_INTERVAL", 5.0)
-# A job still waiting for its prompt check this long had the check's message lost (a broker
-# that restarted empty drops what is sent before the workers declare their queues again): the
-# reaper sends it again, at most once per this many seconds per job.
-IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS = env_float("IMAGEGEN_PROMPT_CHECK_RESEND_SECONDS", 60.0)
-# A cpu worker's prompt check also checks up to this many - 1 other prompts still waiting for
-# theirs, with one encoder pass for all (jobs/pipeline/prompt_batch.py; bench/prompt_batch.py
-# measured the CPU per prompt at batch 1 and 32). 1: each prompt alone.
-IMAGEGEN_PROMPT_BATCH = env_int("IMAGEGEN_PROMPT_BATCH", 16)
-# A worker consuming the prompt-check queue loads the prompt filter before its pool forks, so its
-# pool processes share one load instead of each loading on its first check (jobs/pipeline/tasks.py).
-IMAGEGEN_PRELOAD_PROMPT_FILTER = env_bool("IMAGEGEN_PRELOAD_PROMPT_FILTER", True)
-# A batch stage that no worker started this long after it was sent had its message lost: the
-# reaper sends it again (not an attempt). The bound grows by twice the stage's measured run time
-# for every batch queued ahead of it, so a stage that merely waits behind a backlog is left alone.
-IMAGEGEN_STAGE_RESEND_SECONDS = env_float("IMAGEGEN_STAGE_RESEND_SECONDS", 120.0)
-# Storage away in a batch stage: Celery retries it, doubling from 1 s up to this many seconds
-# apart (with jitter), for at most the stage's retry bound of real time; then its jobs fail.
-IMAGEGEN_STAGE_RETRY_MAX_BACKOFF = env_float("IMAGEGEN_STAGE_RETRY_MAX_BACKOFF", 60.0)
-IMAGEGEN_CLASSIFY_RETRY_SECONDS = env_float("IMAGEGEN_CLASSIFY_RETRY_SECONDS", 3600.0)
-IMAGEGEN_PUBLISH_RETRY_SECONDS = env_float("IMAGEGEN_PUBLISH_RETRY_SECONDS", 3600.0)
-IMAGEGEN_PREVIEW_EVERY = env_int("IMAGEGEN_PREVIEW_EVERY", 4)  # steps between previews
-IMAGEGEN_PREVIEW_MIN_INTERVAL = env_float("IMAGEGEN_PREVIEW_MIN_INTERVAL", 0.25)  # seconds
-
-# --- request-hash cache and admission control ---
-IMAGEGEN_CACHE_ENABLED = env_bool("IMAGEGEN_CACHE_ENABLED", True)
-# k-anonymous (default): an entry serves its owner at once and other users once
-# IMAGEGEN_CACHE_SHARE_K distinct users asked for it, answered no sooner than a fresh job of its
-# shape would finish; user: an entry serves only its owner; global-unseeded: requests without a
-# seed are shared; global: all are. A plain shared cache tells anyone whether someone asked for
-# the same thing (jobs/media/cache.py, docs/limits.md "Limits and abuse").
-IMAGEGEN_CACHE_SCOPE = env_choice("IMAGEGEN_CACHE_SCOPE", "k-anonymous", ("k-anonymous", "user", "global-unseeded", "global"))
-IMAGEGEN_CACHE_SHARE_K = env_int("IMAGEGEN_CACHE_SHARE_K", 3)
-IMAGEGEN_SEED_POLICY = env_str("IMAGEGEN_SEED_POLICY", "random")  # random | fixed
-IMAGEGEN_FIXED_SEED = env_int("IMAGEGEN_FIXED_SEED", 0)
-IMAGEGEN_MAX_QUEUE_WAIT = env_float("IMAGEGEN_MAX_QUEUE_WAIT", 120.0)  # seconds; past it: 429 or degrade
-IMAGEGEN_DEGRADE_STEPS = env_int("IMAGEGEN_DEGRADE_STEPS", 8)
-IMAGEGEN_MAX_QUEUED_IMAGES = env_int("IMAGEGEN_MAX_QUEUED_IMAGES", 2000)
-IMAGEGEN_USER_MAX_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_IN_FLIGHT", 16)
-IMAGEGEN_USER_MAX_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_IMAGES_PER_DAY", 1000)  # GPU images claimed in 24 h
-# priority=batch jobs: their own wait limit (they wait behind interactive work) and limits.
-IMAGEGEN_BATCH_MAX_QUEUE_WAIT = env_float("IMAGEGEN_BATCH_MAX_QUEUE_WAIT", 6 * 3600.0)
-IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT = env_int("IMAGEGEN_USER_MAX_BATCH_IN_FLIGHT", 64)
-IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY = env_int("IMAGEGEN_USER_MAX_BATCH_IMAGES_PER_DAY", 5000)
-# Every prompt check counts, whatever it decides (blocked prompts cost the cpu queue too).
-IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE = env_int("IMAGEGEN_USER_PROMPT_CHECKS_PER_MINUTE", 60)
-# Cases one user may have in the moderators' queue (held jobs and undecided appeals).
-IMAGEGEN_USER_MAX_IN_REVIEW = env_int("IMAGEGEN_USER_MAX_IN_REVIEW", 5)
-IMAGEGEN_USER_MAX_TOKENS = env_int("IMAGEGEN_USER_MAX_TOKENS", 50)  # API tokens one account may hold
-# Open websockets and SSE streams per user, together (across web processes, in Redis).
-IMAGEGEN_USER_MAX_STREAMS = env_int("IMAGEGEN_USER_MAX_STREAMS", 32)
-# Watchers re-read their job's row this often (a final event lost with Redis still arrives),
-# and each web process re-joins the job's channel-layer group (a restarted Redis forgot it).
-IMAGEGEN_WATCH_REREAD_SECONDS = env_float("IMAGEGEN_WATCH_REREAD_SECONDS", 5.0)
-# API request rates (a DRF throttle counted in the shared Redis, jobs/access/throttles.py): per
-# signed-in user (all their tokens and sessions), one rate per scope: submits (requests that
-# change something), reads (a conditional read answered 304 costs a tenth), streams opened;
-# and per client IP for everything; "off" disables one. A client polling two jobs twice a
-# second (240/min) stays well inside the read rate.
-IMAGEGEN_THROTTLE_SUBMIT = env_rate("IMAGEGEN_THROTTLE_SUBMIT", "120/min")
-IMAGEGEN_THROTTLE_READ = env_rate("IMAGEGEN_THROTTLE_READ", "600/min")
-IMAGEGEN_THROTTLE_STREAM = env_rate("IMAGEGEN_THROTTLE_STREAM", "60/min")
-IMAGEGEN_THROTTLE_IP = env_rate("IMAGEGEN_THROTTLE_IP", "600/min")
-# /metrics (and /readyz's details): a bearer token, and/or peer addresses (CIDRs) let in without
-# it; the embedded default is open on loopback only. The database gauges are cached per process.
-IMAGEGEN_METRICS_TOKEN = env_str("IMAGEGEN_METRICS_TOKEN", "")
-IMAGEGEN_METRICS_ALLOW = env_list("IMAGEGEN_METRICS_ALLOW", ["127.0.0.0/8", "::1/128"] if EMBEDDED else [])
-for _net in IMAGEGEN_METRICS_ALLOW:
-    try:
-        ipaddress.ip_network(_net, strict=False)
-    except ValueError as _exc:
-        raise ImproperlyConfiguredEnv(f"IMAGEGEN_METRICS_ALLOW: {_net!r} is not an address or CIDR") from _exc
-IMAGEGEN_METRICS_CACHE_SECONDS = env_float("IMAGEGEN_METRICS_CACHE_SECONDS", 5.0)
-# Proxies in front of the web processes that append to X-Forwarded-For (0: use the peer address).
-IMAGEGEN_NUM_PROXIES = env_int("IMAGEGEN_NUM_PROXIES", 0)
-# Sign-in (jobs/access/signin.py): failures per (account, address) and per address within the
-# window, then locked until it slides; past as many failures on an account from anywhere, each
-# attempt on it waits a doubling delay of at most IMAGEGEN_SIGNIN_MAX_DELAY seconds.
-IMAGEGEN_SIGNIN_MAX_FAILURES = env_int("IMAGEGEN_SIGNIN_MAX_FAILURES", 10)
-IMAGEGEN_SIGNIN_WINDOW_SECONDS = env_float("IMAGEGEN_SIGNIN_WINDOW_SECONDS", 900.0)
-IMAGEGEN_SIGNIN_MAX_DELAY = env_float("IMAGEGEN_SIGNIN_MAX_DELAY", 30.0)
-IMAGEGEN_SIGNIN_KNOWN_DAYS = env_float("IMAGEGEN_SIGNIN_KNOWN_DAYS", 90.0)  # an address that signed in passes the account-wide delay this long
-# Used until the first batch of a model is measured: GPU-seconds per image-megapixel-step.
-IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = env_float("IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP", 2.0)
-
-# --- safety ---
-# "shapes" (the shipped classifier), "hf:<path>" (transformers image classifier),
-# "sd-safety:<path>" (diffusers' StableDiffusionSafetyChecker), or "none" (explicit opt-out,
-# every verdict then says "unchecked"). Unset or broken: the image gate fails closed.
-IMAGEGEN_IMAGE_CLASSIFIER = env_str("IMAGEGEN_IMAGE_CLASSIFIER", f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v2'}")
-# Delivering images no classifier has judged is an explicit choice twice over in production:
-# IMAGEGEN_IMAGE_CLASSIFIER=none alone refuses to start unless this is set too.
-IMAGEGEN_ALLOW_UNCHECKED_DELIVERY = env_bool("IMAGEGEN_ALLOW_UNCHECKED_DELIVERY", False)
-if (not env_bool("IMAGEGEN_EMBEDDED", True) and IMAGEGEN_IMAGE_CLASSIFIER.strip() == "none"
-        and not IMAGEGEN_ALLOW_UNCHECKED_DELIVERY):
-    from django.core.exceptions import ImproperlyConfigured
-    raise ImproperlyConfigured(
-        "IMAGEGEN_IMAGE_CLASSIFIER=none would deliver images no classifier has judged; in production "
-        "(IMAGEGEN_EMBEDDED=false) also set IMAGEGEN_ALLOW_UNCHECKED_DELIVERY=true to accept that"
-    )
-IMAGEGEN_CLASSIFIER_TIMEOUT = env_float("IMAGEGEN_CLASSIFIER_TIMEOUT", 30.0)
-IMAGEGEN_SAFETY_POLICY = env_str("IMAGEGEN_SAFETY_POLICY", str(BASE_DIR / "safety" / "policy.json"))
-
 # --- Celery: one routing table, every queue named once ---
-QUEUE_CPU = env_str("IMAGEGEN_QUEUE_CPU", "cpu")
-QUEUE_IO = env_str("IMAGEGEN_QUEUE_IO", "io")
-QUEUE_GPU_PREFIX = env_str("IMAGEGEN_QUEUE_GPU_PREFIX", "gpu.")
-# The image gate does not depend on the model: one classify queue serves every lane (its
-# workers are pinned to a GPU in production, or run on a cheap fleet).
-QUEUE_CLASSIFY = env_str("IMAGEGEN_QUEUE_CLASSIFY", "classify")
-# Webhook deliveries wait on other people's servers: a queue and a pool of their own, so a slow
-# receiver never delays a prompt check or a publish.
-QUEUE_WEBHOOKS = env_str("IMAGEGEN_QUEUE_WEBHOOKS", "webhooks")
-# The prompt rewriter's stage: GPU-pinned in production (the gpu process type consumes it too).
-QUEUE_REWRITE = env_str("IMAGEGEN_QUEUE_REWRITE", "rewrite")
 QUEUE_GPU = QUEUE_GPU_PREFIX + IMAGEGEN_MODEL_NAME
-
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
@@ -443,8 +326,6 @@ CELERY_TASK_DEFAULT_QUEUE = QUEUE_CPU
 # first argument. Call sites never name a queue.
 CELERY_TASK_ROUTES = ("imagegen.stage_table.route",)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 900)
-CELERY_TASK_SOFT_TIME_LIMIT = env_int("CELERY_TASK_SOFT_TIME_LIMIT", 840)
 # Every web thread may send a task at once: kombu's Redis pool does not wait past its
 # max_connections (default 10) but raises "Too many connections", so size it to the threads.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "max_connections": 2 * IMAGEGEN_WEB_THREADS + 8}
@@ -488,8 +369,8 @@ LOGGING = {
         "json": {"()": "imagegen.logs.JsonFormatter"},
     },
     # json (the default): one object a line with job_id / batch_id / stage; plain for reading.
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": env_str("IMAGEGEN_LOG_FORMAT", "json")}},
-    "root": {"handlers": ["console"], "level": env_str("IMAGEGEN_LOG_LEVEL", "INFO")},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": _c.web.log_format}},
+    "root": {"handlers": ["console"], "level": _c.web.log_level},
     "loggers": {"django.request": {"level": "ERROR"}},
 }
 
@@ -520,85 +401,9 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.api.schema.document_plain_views"],
 }
 
-# --- OpenAI-compatible API: how long POST /v1/images/generations waits for its job ---
-IMAGEGEN_OPENAI_WAIT_SECONDS = env_float("IMAGEGEN_OPENAI_WAIT_SECONDS", 120.0)
-
-# --- integration: idempotent submits, signed webhooks (jobs/api/idempotency.py, jobs/webhooks/delivery.py) ---
-IMAGEGEN_IDEMPOTENCY_HOURS = env_float("IMAGEGEN_IDEMPOTENCY_HOURS", 24.0)  # a key answers with its job this long
-# a key reserved this long without a job was left by a process that died mid-submit: taken over
-IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS = env_float("IMAGEGEN_IDEMPOTENCY_TAKEOVER_SECONDS", 30.0)
-# `Prefer: wait=N` on a submit waits at most this long for the job to end (jobs/api/prefer.py): the
-# wait holds a web thread, so it suits few-step models whose jobs end in about a second.
-IMAGEGEN_PREFER_WAIT_MAX = env_float("IMAGEGEN_PREFER_WAIT_MAX", 10.0)
-IMAGEGEN_PREFER_WAIT_PER_USER = env_int("IMAGEGEN_PREFER_WAIT_PER_USER", 2)  # held waits per user and web process
-IMAGEGEN_WEBHOOK_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_TIMEOUT", 10.0)  # seconds one attempt may take
-# seconds a webhook_url's host may take to resolve (on a pool of its own, not the request thread)
-IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT = env_float("IMAGEGEN_WEBHOOK_RESOLVE_TIMEOUT", 2.0)
-IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER = env_int("IMAGEGEN_WEBHOOK_LOOKUPS_PER_USER", 2)  # webhook host lookups not yet answered, per user and web process
-IMAGEGEN_WEBHOOK_LEASE_SLACK = env_float("IMAGEGEN_WEBHOOK_LEASE_SLACK", 20.0)  # past the timeout: a killed attempt is re-sent
-IMAGEGEN_WEBHOOK_BACKOFF = env_float("IMAGEGEN_WEBHOOK_BACKOFF", 10.0)  # seconds before the first retry; doubles, at most 1 h
-IMAGEGEN_WEBHOOK_RETRY_HOURS = env_float("IMAGEGEN_WEBHOOK_RETRY_HOURS", 24.0)  # then a delivery is given up
-IMAGEGEN_MAX_CANCEL_AFTER = env_int("IMAGEGEN_MAX_CANCEL_AFTER", 7 * 86400)  # the largest cancel_after, seconds
-# A client that hangs up before its job finishes never gets the images: cancel the job.
-IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT = env_bool("IMAGEGEN_OPENAI_CANCEL_ON_DISCONNECT", True)
-
-# --- object storage on S3, retention tiers, regeneration (issue 7; docs/storage.md) ---
-# Unset IMAGEGEN_S3_BUCKET keeps the embedded default: local folders under VAR_DIR.
-IMAGEGEN_S3_BUCKET = env_str("IMAGEGEN_S3_BUCKET", "")
-IMAGEGEN_S3_ENDPOINT_URL = env_str("IMAGEGEN_S3_ENDPOINT_URL", "")  # empty: AWS itself
-IMAGEGEN_S3_REGION = env_str("IMAGEGEN_S3_REGION", "us-east-1")
-IMAGEGEN_S3_ACCESS_KEY_ID = env_str("IMAGEGEN_S3_ACCESS_KEY_ID", "")  # empty: boto3's own chain (role, env, profile)
-IMAGEGEN_S3_SECRET_ACCESS_KEY = env_str("IMAGEGEN_S3_SECRET_ACCESS_KEY", "")
-IMAGEGEN_S3_CUSTOM_DOMAIN = env_str("IMAGEGEN_S3_CUSTOM_DOMAIN", "")  # the CDN's host (and path), e.g. img.example.com
-IMAGEGEN_S3_URL_PROTOCOL = env_str("IMAGEGEN_S3_URL_PROTOCOL", "https:")  # for custom-domain URLs
-# A CDN in front of the bucket caches public objects for a year (immutable): a take-down must
-# purge it, so the log-only hook with a CDN domain is a configuration that cannot take down.
-if IMAGEGEN_S3_CUSTOM_DOMAIN and IMAGEGEN_CDN_PURGE_HOOK.strip() == "jobs.media.cdn:log_purge":
-    from django.core.exceptions import ImproperlyConfigured
-    raise ImproperlyConfigured(
-        "IMAGEGEN_S3_CUSTOM_DOMAIN puts a CDN in front of the public images, but IMAGEGEN_CDN_PURGE_HOOK is the "
-        "log-only jobs.media.cdn:log_purge, so a take-down would stay cached at the edge for a year: set "
-        "IMAGEGEN_CDN_PURGE_HOOK to jobs.media.cdn:http_purge, jobs.media.cdn:cloudfront_invalidate or your own hook"
-    )
-IMAGEGEN_S3_ADDRESSING_STYLE = env_str("IMAGEGEN_S3_ADDRESSING_STYLE", "auto")  # auto | path | virtual
-# "public-read" puts an ACL on each public object; empty relies on a bucket policy that makes
-# the public prefix (i/) readable (buckets with ACLs disabled refuse ACL headers).
-IMAGEGEN_S3_PUBLIC_ACL = env_str("IMAGEGEN_S3_PUBLIC_ACL", "")
-# Held and blocked images: a separate private bucket (recommended), or a prefix of the public
-# bucket that the bucket policy does not expose.
-IMAGEGEN_S3_QUARANTINE_BUCKET = env_str("IMAGEGEN_S3_QUARANTINE_BUCKET", "")
-IMAGEGEN_S3_QUARANTINE_PREFIX = env_str("IMAGEGEN_S3_QUARANTINE_PREFIX", "" if IMAGEGEN_S3_QUARANTINE_BUCKET else "quarantine/")
-# A prefix of the public bucket is private only while nothing that can read the bucket serves it
-# (a CDN with read access to the bucket, a policy widened later): production keeps held and
-# taken-down images in a bucket of their own, and refuses to start without one.
-if IMAGEGEN_S3_BUCKET and not IMAGEGEN_S3_QUARANTINE_BUCKET and not EMBEDDED:
-    from django.core.exceptions import ImproperlyConfigured
-    raise ImproperlyConfigured(
-        "IMAGEGEN_S3_BUCKET is set without IMAGEGEN_S3_QUARANTINE_BUCKET: held and taken-down images would go to "
-        f"{IMAGEGEN_S3_QUARANTINE_PREFIX!r} inside the public bucket, where anything that can read the bucket (a CDN) "
-        "can serve them; in production (IMAGEGEN_EMBEDDED=false) set IMAGEGEN_S3_QUARANTINE_BUCKET to a private bucket"
-    )
-IMAGEGEN_S3_PRESIGN_SECONDS = env_int("IMAGEGEN_S3_PRESIGN_SECONDS", 300)  # staff links to private objects
-IMAGEGEN_S3_COLD_STORAGE_CLASS = env_str("IMAGEGEN_S3_COLD_STORAGE_CLASS", "STANDARD_IA")  # or GLACIER_IR, ...
-# Tries per S3 request on transient errors, in all (botocore's adaptive retry mode: exponential
-# backoff with jitter, and slower sending while the store throttles). The project adds no loop of
-# its own: past them a Celery stage retries through its row, and a GPU hand-off puts the job back.
-IMAGEGEN_UPLOAD_ATTEMPTS = env_int("IMAGEGEN_UPLOAD_ATTEMPTS", 4)
-# The GPU worker's hand-off: images are encoded and written to quarantine off the denoising
-# thread, by this many encoder threads, with at most HANDOFF_DEPTH denoised batches waiting
-# (the denoising thread waits beyond that, so memory stays flat when storage is slow).
-IMAGEGEN_ENCODE_THREADS = env_int("IMAGEGEN_ENCODE_THREADS", 2)
-IMAGEGEN_HANDOFF_DEPTH = env_int("IMAGEGEN_HANDOFF_DEPTH", 2)
-IMAGEGEN_PNG_COMPRESS_LEVEL = env_int("IMAGEGEN_PNG_COMPRESS_LEVEL", 3)  # zlib 0-9: 3 is half the time of 6 for ~3% more bytes
-# Content credentials (C2PA) in every image file (jobs/media/credentials.py), signed with this PEM key
-# and certificate chain; the embedded default makes its own in VAR_DIR/c2pa on first start
-# (imagegen/signing_credentials.py). Expired or mismatched ones refuse to start; missing ones refuse to
-# start the processes that sign (the web, the GPU workers) and no other.
-IMAGEGEN_C2PA_KEY = env_str("IMAGEGEN_C2PA_KEY", "")
-IMAGEGEN_C2PA_CERT = env_str("IMAGEGEN_C2PA_CERT", "")
-# What `imagegen_cli.py verify` trusts besides the embedded root: a PEM file of root certificates.
-IMAGEGEN_C2PA_TRUST_ANCHORS = env_str("IMAGEGEN_C2PA_TRUST_ANCHORS", "")
-IMAGEGEN_C2PA_TSA_URL = env_str("IMAGEGEN_C2PA_TSA_URL", "")  # an RFC 3161 time-stamp authority, if any
+# --- content credentials (C2PA) ---
+# The embedded default makes its own key and chain in VAR_DIR/c2pa on first start
+# (imagegen/signing_credentials.py).
 if EMBEDDED and not (IMAGEGEN_C2PA_KEY or IMAGEGEN_C2PA_CERT):
     _credentials = signing_credentials.embedded(VAR_DIR)
     IMAGEGEN_C2PA_KEY, IMAGEGEN_C2PA_CERT = str(_credentials.key), str(_credentials.chain)
@@ -707,26 +512,8 @@ if IMAGEGEN_S3_BUCKET:
         else f"{(IMAGEGEN_S3_ENDPOINT_URL or 'https://s3.amazonaws.com').rstrip('/')}/{IMAGEGEN_S3_BUCKET}/"
     )
 
-# Retention: images older than HOT_DAYS with fewer than COLD_MAX_VIEWS views go to the cold
-# tier; with DROP_COLD_BYTES, cold ones older than DROP_AFTER_DAYS lose their bytes (the row and
-# its verdicts stay; the image is regenerated on demand while its model version is served).
-IMAGEGEN_HOT_DAYS = env_float("IMAGEGEN_HOT_DAYS", 30.0)
-IMAGEGEN_COLD_MAX_VIEWS = env_int("IMAGEGEN_COLD_MAX_VIEWS", 10)
-IMAGEGEN_DROP_COLD_BYTES = env_bool("IMAGEGEN_DROP_COLD_BYTES", False)
-IMAGEGEN_DROP_AFTER_DAYS = env_float("IMAGEGEN_DROP_AFTER_DAYS", 90.0)
-# A job its owner deleted keeps its safety record (verdicts, quarantined images, an undecided
-# appeal) this many days, then retention purges it.
-IMAGEGEN_SAFETY_RECORD_DAYS = env_float("IMAGEGEN_SAFETY_RECORD_DAYS", 90.0)
-IMAGEGEN_RETENTION_INTERVAL = env_float("IMAGEGEN_RETENTION_INTERVAL", 3600.0)  # seconds between runs
-IMAGEGEN_RETENTION_BATCH = env_int("IMAGEGEN_RETENTION_BATCH", 500)  # objects per run and tier step
+# Retention and take-downs run on the cpu workers' beat.
 CELERY_IMPORTS = [*globals().get("CELERY_IMPORTS", []), "jobs.pipeline.tasks", "jobs.api.idempotency", "jobs.pipeline.retention", "jobs.media.cdn", "imagegen.dashboard",
                   "jobs.admission.summary"]  # its refresher thread starts on the cpu workers
 CELERY_BEAT_SCHEDULE["retention"] = {"task": "jobs.pipeline.retention.run_retention", "schedule": IMAGEGEN_RETENTION_INTERVAL}
-# Take-downs: the outbox of public deletes is retried every IMAGEGEN_UNPUBLISH_INTERVAL seconds;
-# every IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL the public images are listed and any whose rows
-# are not public (older than the grace, which covers a publish in flight) is taken down.
-IMAGEGEN_UNPUBLISH_INTERVAL = env_float("IMAGEGEN_UNPUBLISH_INTERVAL", 30.0)
-IMAGEGEN_UNPUBLISH_RETRY_BACKOFF = env_float("IMAGEGEN_UNPUBLISH_RETRY_BACKOFF", 10.0)  # first wait after a failure, doubling
-IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL = env_float("IMAGEGEN_UNPUBLISH_RECONCILE_INTERVAL", 3600.0)
-IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS = env_float("IMAGEGEN_UNPUBLISH_RECONCILE_GRACE_SECONDS", 3600.0)
 CELERY_BEAT_SCHEDULE["unpublish"] = {"task": "jobs.pipeline.retention.run_unpublish", "schedule": IMAGEGEN_UNPUBLISH_INTERVAL}
