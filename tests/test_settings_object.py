@@ -143,6 +143,57 @@ def test_settings_are_the_ones_captured_before_the_object(tmp_path):
             assert got[name][key] == expected[name][key], f"{name}: {key}"
 
 
+def test_the_settings_module_names_every_value_of_the_object():
+    from imagegen.config.reference import assignments
+
+    text = (ROOT / "imagegen" / "settings.py").read_text()
+    assert assignments() in text, "regenerate the block: python -m imagegen.config --assignments"
+    assert "os.environ" not in text and "getenv" not in text, "settings.py reads the environment only through the object"
+
+
+def test_the_reference_in_the_docs_is_generated_from_the_object():
+    from imagegen.config.reference import BEGIN, END, markdown
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    assert BEGIN in doc and END in doc
+    committed = doc[doc.index(BEGIN):doc.index(END) + len(END)] + "\n"
+    assert committed == markdown(), "regenerate docs/configuration.md's reference: python -m imagegen.config --markdown"
+
+
+def test_every_setting_has_one_variable_a_type_a_default_and_one_line_of_help():
+    from imagegen.config import all_specs, load
+
+    variables = [spec.env for _, _, specs in all_specs() for spec in specs]
+    assert len(variables) == len(set(variables)), "a variable declared twice"
+    django = [spec.django for _, _, specs in all_specs() for spec in specs if spec.django]
+    assert len(django) == len(set(django)), "a Django setting taken from two variables"
+    for _, cls, specs in all_specs():
+        assert cls.__doc__, f"{cls.__name__}: no description"
+        for spec in specs:
+            assert spec.help and "\n" not in spec.help, f"{spec.env}: no help line"
+    config = load({})
+    assert config.web.web_threads == 8 and config.web.redis_pool_size == 16
+    assert load({"IMAGEGEN_WEB_THREADS": "2"}).web.redis_pool_size == 10  # a derived default follows what it derives from
+
+
+@pytest.mark.parametrize("kind, bad", [("integer", "many"), ("number", "soon"), ("boolean", "maybe")])
+def test_a_malformed_value_stops_the_start_naming_its_variable(kind, bad):
+    from imagegen.config import all_specs, load
+    from imagegen.env import ImproperlyConfiguredEnv
+
+    specs = [spec for _, _, group in all_specs() for spec in group if spec.reader.kind == kind]
+    assert specs
+    for spec in specs:
+        with pytest.raises(ImproperlyConfiguredEnv, match=spec.env):
+            load({spec.env: bad})
+
+
+def test_unset_and_empty_variables_take_the_default():
+    from imagegen.config import load
+
+    assert load({"IMAGEGEN_MAX_STEPS": "", "IMAGEGEN_SIZE_MENU": ""}) == load({})
+
+
 if __name__ == "__main__":
     import tempfile
 
