@@ -6,6 +6,16 @@ the services host, media go through S3 only, each host has its own var folder (a
 and hostname). HAProxy on the lb host terminates TLS in front of the two web hosts (websockets and
 SSE included) and serves the public bucket under /imagegen-public/ as the CDN would.
 
+No door is open between hosts (doors() tries each from other hosts): PostgreSQL asks every host
+for the application role's password (scram-sha-256; the superuser has none and logs in only on
+the services host's socket), Redis and RabbitMQ for theirs; SeaweedFS's master, volume server,
+filer and their gRPC ports listen on the services host's loopback only, and its S3 gateway (whose
+identities are the only way to the quarantine bucket) is reached through a TCP relay on the
+services host's address (the gateway opens an unauthenticated gRPC port, which can replace its
+identities, on whatever address it binds, so it binds loopback too); web believes X-Forwarded-For
+from the load balancer's address only (IMAGEGEN_TRUSTED_PROXIES), so a client that reaches a web
+host directly is its own address to the throttles, sign-in locks and the /metrics allow-list.
+
 The broker is the services host's Redis, or (`--broker rabbitmq`, `Fleet(broker="rabbitmq")`) a
 private RabbitMQ node there (its own node name, cookie, data, logs and config under the services
 host's var folder; epmd is per network namespace, so the machine's own RabbitMQ is never touched);
@@ -51,6 +61,10 @@ PUBLIC_BUCKET = "imagegen-public"
 QUARANTINE_BUCKET = "imagegen-quarantine"
 S3_ACCESS_KEY = "imagegen-fleet"
 PG_PORT, REDIS_PORT, S3_PORT, WEB_PORT, AMQP_PORT = 5432, 6379, 8333, 8000, 5672
+PG_USER = PG_DB = "imagegen"  # the application's role (not a superuser) and the database it owns
+# SeaweedFS's own ports (master, volume, filer, each with its gRPC port at +10000, and the S3
+# gateway's gRPC): on the services host's loopback only.
+WEED_PRIVATE_PORTS = (9333, 8080, 8888, 19333, 18080, 18888, S3_PORT + 10000)
 BROKERS = ("redis", "rabbitmq")
 RABBITMQ_SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")  # the server itself, not Debian's su wrapper
 RABBITMQ_USER = "imagegen"
@@ -74,6 +88,8 @@ LAYOUT: dict[str, tuple[int, list[str]]] = {
 INITIAL = [h for h in LAYOUT if h != "gpu3"]
 LB_IP = f"{SUBNET}.{LAYOUT['lb'][0]}"
 SERVICES_IP = f"{SUBNET}.{LAYOUT['services'][0]}"
+# The operator's scraper runs on the beat host: the one address in IMAGEGEN_METRICS_ALLOW.
+SCRAPER_IP = f"{SUBNET}.{LAYOUT['beat'][0]}"
 
 
 def run(*cmd: str, check: bool = True, timeout: float = 60, **kw) -> subprocess.CompletedProcess:
@@ -219,6 +235,7 @@ class Fleet:
         self.hosts: dict[str, Host] = {}
         self.lines = procfile()
         self.redis_password = secrets.token_hex(16)
+        self.pg_password = secrets.token_hex(16)
         self.rabbitmq_password = secrets.token_hex(16)
         self.s3_secret = secrets.token_hex(16)
         self.metrics_token = secrets.token_hex(16)
@@ -253,7 +270,7 @@ class Fleet:
             "DJANGO_SECRET_KEY": "fleet-" + self.redis_password + self.s3_secret,
             "DJANGO_ALLOWED_HOSTS": f"{LB_IP},{SUBNET}.{LAYOUT[name][0]}",
             "DJANGO_CSRF_TRUSTED_ORIGINS": f"https://{LB_IP}",
-            "DATABASE_URL": f"postgres://postgres@{SERVICES_IP}:{PG_PORT}/imagegen",
+            "DATABASE_URL": self.database_url,
             "REDIS_URL": f"redis://:{self.redis_password}@{SERVICES_IP}:{REDIS_PORT}/0",
             "IMAGEGEN_S3_BUCKET": PUBLIC_BUCKET,
             "IMAGEGEN_S3_QUARANTINE_BUCKET": QUARANTINE_BUCKET,
@@ -272,8 +289,9 @@ class Fleet:
             "IMAGEGEN_C2PA_CERT": str(var / "secrets" / self.c2pa_files[1].name),
             "PORT": str(WEB_PORT),
             "WEB_CONCURRENCY": "1",
-            # The load balancer's address is the one proxy in front of web.
-            "FORWARDED_ALLOW_IPS": LB_IP,
+            # The load balancer's address is the one proxy web believes X-Forwarded-For from.
+            "IMAGEGEN_TRUSTED_PROXIES": LB_IP,
+            "IMAGEGEN_METRICS_ALLOW": f"{SCRAPER_IP}/32",
             "IMAGEGEN_MODEL_NAME": "shapes",
             "IMAGEGEN_DEVICE": "cpu",
             "IMAGEGEN_TORCH_THREADS": "1",
@@ -293,6 +311,10 @@ class Fleet:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    @property
+    def database_url(self) -> str:
+        return f"postgres://{PG_USER}:{self.pg_password}@{SERVICES_IP}:{PG_PORT}/{PG_DB}"
 
     @property
     def broker_url(self) -> str:
@@ -404,17 +426,22 @@ class Fleet:
             d.mkdir()
             shutil.chown(d, "postgres", "postgres")
         pg = pg_bin()
-        self.one_off("services", str(pg / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth=trust", user="postgres")
+        # Local (socket) logins by the OS user of the same name; over TCP a password, always.
+        self.one_off("services", str(pg / "initdb"), "-D", str(pgdata), "-U", "postgres", "--auth-local=peer",
+                     "--auth-host=scram-sha-256", user="postgres")
         with open(pgdata / "pg_hba.conf", "a") as fh:
-            fh.write(f"host all all {SUBNET}.0/24 trust\n")
+            fh.write(f"host {PG_DB} {PG_USER} {SUBNET}.0/24 scram-sha-256\n")
         self.spawn("services", "postgres", shlex.join([
-            str(pg / "postgres"), "-D", str(pgdata), "-p", str(PG_PORT), "-k", str(sock), "-c", "listen_addresses=*",
+            str(pg / "postgres"), "-D", str(pgdata), "-p", str(PG_PORT), "-k", str(sock), "-c", f"listen_addresses={SERVICES_IP}",
+            "-c", "password_encryption=scram-sha-256",
             "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=400", "-c", "shared_buffers=64MB",
         ]), user="postgres")
         self._start_redis()
         if self.broker == "rabbitmq":
             self._start_rabbitmq()
         # SeaweedFS with its S3 gateway: an admin identity and anonymous read of the public bucket.
+        # Everything of it on the host's loopback; only the gateway's HTTP port is relayed to the
+        # host's address (the gateway's gRPC port, unauthenticated, binds where the gateway does).
         weed = Path(sys.executable).parent / "weed"
         s3_config = host.var / "s3.json"
         s3_config.write_text(json.dumps({"identities": [
@@ -424,12 +451,35 @@ class Fleet:
         ]}))
         (host.var / "weed").mkdir()
         self.spawn("services", "weed", shlex.join([
-            str(weed if weed.exists() else "weed"), "server", f"-dir={host.var / 'weed'}", f"-ip={host.ip}", "-ip.bind=0.0.0.0",
+            str(weed if weed.exists() else "weed"), "server", f"-dir={host.var / 'weed'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             "-master.port=9333", "-volume.port=8080", "-filer.port=8888", "-s3", f"-s3.port={S3_PORT}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.config={s3_config}", "-master.volumeSizeLimitMB=32", "-volume.max=64",
         ]))
+        (host.var / "s3-relay.cfg").write_text(f"""global
+    maxconn 4096
+defaults
+    mode tcp
+    timeout connect 3s
+    timeout client 10m
+    timeout server 10m
+frontend s3
+    bind {SERVICES_IP}:{S3_PORT}
+    default_backend weed
+backend weed
+    server s3 127.0.0.1:{S3_PORT}
+""")
+        self.spawn("services", "s3-relay", f"haproxy -W -db -f {shlex.quote(str(host.var / 's3-relay.cfg'))}")
         self._wait_tcp(SERVICES_IP, PG_PORT, deadline, "services", "postgres")
-        self.one_off("services", str(pg / "createdb"), "-h", str(sock), "-p", str(PG_PORT), "-U", "postgres", "imagegen", user="postgres")
+        # The application's role, its password from a file only the postgres user reads (not argv).
+        role_sql = host.var / "pg-role.sql"
+        role_sql.write_text(f"CREATE ROLE {PG_USER} LOGIN PASSWORD '{self.pg_password}';\n")
+        role_sql.chmod(0o600)
+        shutil.chown(role_sql, "postgres", "postgres")
+        self.one_off("services", str(pg / "psql"), "-h", str(sock), "-p", str(PG_PORT), "-U", "postgres", "-d", "postgres",
+                     "-v", "ON_ERROR_STOP=1", "-q", "-f", str(role_sql), user="postgres")
+        role_sql.unlink()
+        self.one_off("services", str(pg / "createdb"), "-h", str(sock), "-p", str(PG_PORT), "-U", "postgres", "-O", PG_USER, PG_DB,
+                     user="postgres")
         self._wait_tcp(SERVICES_IP, REDIS_PORT, deadline, "services", "redis")
         if self.broker == "rabbitmq":
             self._wait_amqp(deadline)
@@ -477,6 +527,8 @@ class Fleet:
             "RABBITMQ_DIST_PORT": "25672",
             "ERL_EPMD_ADDRESS": "127.0.0.1",  # the namespace's own loopback
             "ERL_EPMD_PORT": "4369",
+            # The nodes' distribution port on loopback too: only AMQP (a password) is reachable.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
             "RABBITMQ_CONF_ENV_FILE": str(base / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(config),
             "RABBITMQ_ADVANCED_CONFIG_FILE": str(base / "advanced.config"),
@@ -517,8 +569,9 @@ class Fleet:
     def _make_buckets(self, deadline: float) -> None:
         s3, last = self.s3(), None
         while time.monotonic() < deadline:
-            if self.hosts["services"].procs["weed"].poll() is not None:
-                raise RuntimeError(f"weed exited:\n{self.hosts['services'].log_tail('weed')}")
+            for label in ("weed", "s3-relay"):
+                if self.hosts["services"].procs[label].poll() is not None:
+                    raise RuntimeError(f"{label} exited:\n{self.hosts['services'].log_tail(label)}")
             try:
                 for bucket in (PUBLIC_BUCKET, QUARANTINE_BUCKET):
                     try:
@@ -670,6 +723,57 @@ backend media
     def ws_url(self) -> str:
         return f"wss://{LB_IP}"
 
+    # --- doors ---
+
+    def doors(self, sources: tuple[str, ...] = ("web1", "gpu2")) -> dict:
+        """Each door tried from other hosts (their network namespaces), as a process there that
+        knows nothing but the service's address would: PostgreSQL without a password, with a
+        wrong one and with the application's (the control), SeaweedFS's own ports, S3 without
+        credentials on the quarantine bucket (and on the public one, the control), a web host
+        reached directly with an X-Forwarded-For naming the /metrics allow-list's address. Then
+        the controls that need a place of their own: the scraper's real address is let in, a
+        forged header through the load balancer is not; and what listens on the services host
+        beyond its loopback. open_doors() reads the result."""
+        import httpx
+
+        s3, key = self.s3(), f"doors/{secrets.token_hex(8)}"
+        for bucket in (PUBLIC_BUCKET, QUARANTINE_BUCKET):
+            s3.put_object(Bucket=bucket, Key=key, Body=b"doors")
+        webs = [n for n in self.hosts if "web" in LAYOUT[n][1]]
+        found: dict = {"from": {}}
+        try:
+            for source in sources:
+                spec = {
+                    "pg": {"host": SERVICES_IP, "port": PG_PORT, "dbname": PG_DB, "user": PG_USER, "password": self.pg_password},
+                    "services": SERVICES_IP, "private_ports": list(WEED_PRIVATE_PORTS), "s3_port": S3_PORT,
+                    "s3_key": [S3_ACCESS_KEY, self.s3_secret], "buckets": [QUARANTINE_BUCKET, PUBLIC_BUCKET], "key": key,
+                    "web": self.hosts[next(w for w in webs if w != source)].ip, "web_port": WEB_PORT, "lb": LB_IP,
+                    "forged": SCRAPER_IP,
+                }
+                found["from"][source] = self._probe(source, spec)
+            # The allow-list admits the scraper's own address (so a 401 above is the header ignored).
+            found["scraper_direct"] = self._probe("beat", {"web": self.hosts[webs[0]].ip, "web_port": WEB_PORT, "lb": LB_IP})["metrics"]
+            # Through the load balancer, a client's own X-Forwarded-For is not the address either.
+            found["forged_through_lb"] = httpx.get(f"{self.url}/metrics", headers={"X-Forwarded-For": SCRAPER_IP},
+                                                   verify=str(self.ca_file), timeout=10).status_code
+        finally:
+            for bucket in (PUBLIC_BUCKET, QUARANTINE_BUCKET):
+                s3.delete_object(Bucket=bucket, Key=key)
+        listening = run("ip", "netns", "exec", self.hosts["services"].ns, "ss", "-Hltn").stdout.split("\n")
+        found["services_listening"] = sorted({line.split()[3] for line in listening if len(line.split()) > 3})
+        found["exposed_ports_expected"] = sorted({PG_PORT, REDIS_PORT, S3_PORT} | ({AMQP_PORT} if self.broker == "rabbitmq" else set()))
+        return found
+
+    def _probe(self, name: str, spec: dict) -> dict:
+        """probe_doors(spec) run in the host's namespace, with an environment that carries no
+        credential (no PGPASSWORD, no ~/.pgpass, no AWS keys)."""
+        code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from scripts.fleet import probe_doors; "
+                "print('DOORS' + json.dumps(probe_doors(json.loads(sys.argv[2]))))")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent", "LANG": "C.UTF-8"}
+        done = run("ip", "netns", "exec", self.hosts[name].ns, sys.executable, "-c", code, str(ROOT), json.dumps(spec),
+                   env=env, timeout=120)
+        return json.loads(done.stdout.split("DOORS", 1)[1])
+
     # --- faults ---
 
     def kill_host(self, name: str) -> int:
@@ -766,6 +870,107 @@ backend media
             print(f"fleet: logs kept in {self.root}", file=sys.stderr)
         else:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def probe_doors(spec: dict) -> dict:
+    """The doors of `spec`, tried from where this runs (a host's namespace: Fleet._probe)."""
+    import socket
+
+    import httpx
+
+    out: dict = {}
+    if "pg" in spec:
+        import psycopg
+
+        pg = spec["pg"]
+
+        def login(user: str, password: str | None) -> str:
+            try:
+                with psycopg.connect(host=pg["host"], port=pg["port"], dbname=pg["dbname"], user=user, connect_timeout=3,
+                                     **({"password": password} if password is not None else {})) as conn:
+                    conn.execute("SELECT 1")
+                return "accepted"
+            except psycopg.Error as exc:
+                return f"refused: {str(exc).strip().splitlines()[-1][:200]}"
+
+        out["pg"] = {"no password": login(pg["user"], None), "wrong password": login(pg["user"], pg["password"][::-1]),
+                     "superuser without password": login("postgres", None), "the password": login(pg["user"], pg["password"])}
+    if "private_ports" in spec:
+        ports = {}
+        for port in spec["private_ports"]:
+            try:
+                with socket.create_connection((spec["services"], port), timeout=2):
+                    ports[str(port)] = "open"
+            except OSError as exc:
+                ports[str(port)] = f"shut: {exc.strerror or exc}"
+        out["seaweedfs_ports"] = ports
+    if "buckets" in spec:
+        import boto3
+        from botocore.config import Config
+
+        base = f"http://{spec['services']}:{spec['s3_port']}"
+        quarantine, public = spec["buckets"]
+        with httpx.Client(timeout=5) as http:
+            out["s3_anonymous"] = {
+                "list quarantine": http.get(f"{base}/{quarantine}", params={"list-type": "2"}).status_code,
+                "get quarantine object": http.get(f"{base}/{quarantine}/{spec['key']}").status_code,
+                "list buckets": http.get(f"{base}/").status_code,
+                "get public object": http.get(f"{base}/{public}/{spec['key']}").status_code,
+            }
+        s3 = boto3.client("s3", endpoint_url=base, aws_access_key_id=spec["s3_key"][0], aws_secret_access_key=spec["s3_key"][1],
+                          region_name="us-east-1", config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}))
+        try:
+            out["s3_with_keys"] = "read" if s3.get_object(Bucket=quarantine, Key=spec["key"])["Body"].read() == b"doors" else "wrong bytes"
+        except Exception as exc:  # a control: reported, judged by open_doors()
+            out["s3_with_keys"] = f"failed: {exc}"[:300]
+    if "web" in spec:
+        headers = {"Host": spec["lb"], "X-Forwarded-Proto": "https"}
+        if spec.get("forged"):
+            headers["X-Forwarded-For"] = spec["forged"]
+        try:
+            out["metrics"] = httpx.get(f"http://{spec['web']}:{spec['web_port']}/metrics", headers=headers, timeout=10).status_code
+        except httpx.HTTPError as exc:
+            out["metrics"] = f"failed: {exc!r}"[:300]
+    return out
+
+
+def open_doors(doors: dict) -> list[str]:
+    """What doors() found open, and each control that failed (a probe that could not tell)."""
+    wrong: list[str] = []
+    for source, seen in doors.get("from", {}).items():
+        pg = seen.get("pg", {})
+        for attempt in ("no password", "wrong password", "superuser without password"):
+            if not str(pg.get(attempt, "")).startswith("refused"):
+                wrong.append(f"from {source}: PostgreSQL with {attempt}: {pg.get(attempt)}")
+        if pg.get("the password") != "accepted":
+            wrong.append(f"from {source}: PostgreSQL refused the application's password (control): {pg.get('the password')}")
+        wrong += [f"from {source}: SeaweedFS port {port} is {state}" for port, state in seen.get("seaweedfs_ports", {}).items()
+                  if not state.startswith("shut")]
+        if not seen.get("seaweedfs_ports"):
+            wrong.append(f"from {source}: SeaweedFS's ports were not tried")
+        anonymous = seen.get("s3_anonymous", {})
+        wrong += [f"from {source}: anonymous S3 {what}: {status}" for what, status in anonymous.items()
+                  if what != "get public object" and status != 403]
+        if anonymous.get("get public object") != 200:
+            wrong.append(f"from {source}: anonymous read of the public bucket (control): {anonymous.get('get public object')}")
+        if seen.get("s3_with_keys") != "read":
+            wrong.append(f"from {source}: S3 with the keys (control): {seen.get('s3_with_keys')}")
+        if seen.get("metrics") != 401:
+            wrong.append(f"from {source}: a web host reached directly believed a forged X-Forwarded-For (/metrics: {seen.get('metrics')})")
+    if len(doors.get("from", {})) < 2:
+        wrong.append(f"doors tried from {sorted(doors.get('from', {}))}: a web host and a GPU host expected")
+    if doors.get("scraper_direct") != 200:
+        wrong.append(f"the scraper's own address was not let in (control): /metrics {doors.get('scraper_direct')}")
+    if doors.get("forged_through_lb") != 401:
+        wrong.append(f"a forged X-Forwarded-For through the load balancer was believed: /metrics {doors.get('forged_through_lb')}")
+    expected = set(doors.get("exposed_ports_expected", []))
+    for address in doors.get("services_listening", []):
+        host, _, port = address.rpartition(":")
+        if host not in ("127.0.0.1", "[::1]") and int(port) not in expected:
+            wrong.append(f"the services host listens on {address} beyond its loopback")
+    if not doors.get("services_listening"):
+        wrong.append("the services host's listening sockets were not read")
+    return wrong
 
 
 def main(argv: list[str]) -> int:

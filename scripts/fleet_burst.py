@@ -1,5 +1,6 @@
 """A burst of one-image jobs through the fleet's load balancer, faults while it runs, and the
-audit afterwards (tests/test_fleet.py asserts on it, bench/fleet.py reports it).
+audit afterwards (tests/test_fleet.py asserts on it, bench/fleet.py reports it), and the doors
+the fleet keeps shut between its hosts, tried before the burst (Fleet.doors()).
 
 Clients are what users run: token auth, an Idempotency-Key on every submit (a submit whose web
 host died is sent again and answers with the same job), previews watched over SSE and websockets
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from scripts.fleet import PUBLIC_BUCKET, QUARANTINE_BUCKET, SERVICES_IP, Fleet
+from scripts.fleet import PUBLIC_BUCKET, QUARANTINE_BUCKET, Fleet
 
 TERMINAL = {"done", "blocked", "failed", "cancelled"}
 # Held for a moderator: not terminal and not delivered, but settled as far as the burst goes
@@ -217,7 +218,7 @@ class Run:
     def db(self):
         import psycopg
 
-        return psycopg.connect(f"postgresql://postgres@{SERVICES_IP}:5432/imagegen", connect_timeout=3, autocommit=True)
+        return psycopg.connect(self.fleet.database_url, connect_timeout=3, autocommit=True)
 
     def running_on(self, host: str) -> list[str]:
         with self.db() as conn:
@@ -553,4 +554,7 @@ class Run:
 
 
 def burst(fleet: Fleet, spec: Burst) -> dict:
-    return Run(fleet, spec).go()
+    """The burst's report, with the doors the fleet keeps shut (Fleet.doors(), tried before the
+    burst from a web host and a GPU host; scripts.fleet.open_doors() reads them)."""
+    doors = fleet.doors()
+    return {**Run(fleet, spec).go(), "doors": doors}

@@ -14,7 +14,8 @@ Two fleets, one after the other (each torn down before the next is built):
   host's kill (the work both held unacknowledged goes back to the queue).
 
 Afterwards, on each: nothing is lost, delivered twice or public that should not be, and /metrics
-agrees with the database.
+agrees with the database. Before the burst, each door between hosts is tried from a web host and
+a GPU host, and each is shut (Fleet.doors()).
 
 Runs where the machine lets it build namespaces (root, iproute2; CI's .ci/run runs as root), else
 it is skipped with the reason."""
@@ -25,7 +26,7 @@ import os
 
 import pytest
 
-from scripts.fleet import PREFIX, REAL_MODEL_HOST, can_run, run
+from scripts.fleet import PREFIX, REAL_MODEL_HOST, can_run, open_doors, run
 
 pytestmark = [pytest.mark.skipif(can_run() is not None, reason=f"no fleet here: {can_run()}"), pytest.mark.timeout(900)]
 
@@ -144,3 +145,19 @@ def test_the_metrics_show_the_lost_gpu_host_silent_and_every_queue_consumed(flee
     consumers = report["metrics_queue_consumers"]
     assert {"cpu", "classify", "io", "webhooks", "gpu.shapes"} <= set(consumers), consumers
     assert all(n >= 1 for q, n in consumers.items() if q in {"cpu", "classify", "io", "webhooks", "gpu.shapes"}), consumers
+
+
+def test_every_door_between_hosts_is_shut(fleet_run):
+    """Issue 44, item 3: PostgreSQL trusted the whole subnet without a password, SeaweedFS's
+    master, volume server and filer (which reads the quarantine bucket past the S3 identities)
+    listened on every address, and web believed any client's X-Forwarded-For. From a web host and
+    from a GPU host: PostgreSQL refuses no password, a wrong one and the superuser (and takes the
+    application's: the hosts' DATABASE_URL carries it), SeaweedFS's own ports do not answer, S3
+    refuses anonymous reads and lists of the quarantine bucket (and serves the public one, and the
+    quarantine with the keys), and a web host reached directly does not let a forged
+    X-Forwarded-For into /metrics' allow-list (which lets the scraper's own address in); through
+    the load balancer neither; nothing else listens on the services host beyond its loopback."""
+    _, _, report = fleet_run
+    doors = report["doors"]
+    assert set(doors["from"]) == {"web1", "gpu2"}, doors
+    assert open_doors(doors) == [], doors
