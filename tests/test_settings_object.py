@@ -188,6 +188,21 @@ def test_a_malformed_value_stops_the_start_naming_its_variable(kind, bad):
             load({spec.env: bad})
 
 
+@pytest.mark.parametrize("variable, bad", [
+    ("IMAGEGEN_QUALITY_STEPS", "low"), ("IMAGEGEN_QUALITY_STEPS", "low:many"), ("IMAGEGEN_QUALITY_LEVERS", "low"),
+    ("IMAGEGEN_QUALITY_MODELS", "low"), ("IMAGEGEN_METRICS_ALLOW", "10.0.0.0/8,::1,lan"),
+    ("IMAGEGEN_THROTTLE_IP", "lots"), ("IMAGEGEN_REWRITE_DEFAULT", "yes"), ("IMAGEGEN_DB_CONNECT_TIMEOUT", "soon"),
+])
+def test_a_malformed_list_or_table_names_its_variable(variable, bad):
+    """These were a bare ValueError from an unpacking (quality steps, levers) or, for the connect
+    timeout, not read at all on SQLite; now each stops the start naming the variable."""
+    from imagegen.config import load
+    from imagegen.env import ImproperlyConfiguredEnv
+
+    with pytest.raises(ImproperlyConfiguredEnv, match=variable):
+        load({variable: bad})
+
+
 def test_unset_and_empty_variables_take_the_default():
     from imagegen.config import load
 
