@@ -7,7 +7,9 @@ the webhook outbox, the reaper, /metrics and the deploy checks).
                                               or rewrite first for a job whose prompt goes through the rewriter
     rewrite   rewrite_prompts rewrite      -> prompt again when it changed the prompt (the second gate), else generate
     generate  run_batch       gpu.<lane>   -> classify (the GPU worker's hand-off)
-    reveal    reveal_start    gpu.<lane>   a cross-user cache hit's run (its own signed files), in place of generate
+    reveal    reveal_start    gpu.<lane>   a cross-user cache hit's run (its own signed files), in place of generate;
+                                           and a joiner's (an identical request that joined a job in flight), once
+                                           that job ends: its own copies of its images, or generate after all
     classify  classify_batch  classify     -> publish
     publish   publish_batch   io           -> (the terminal status; its webhooks)
     webhook   deliver_webhook webhooks
@@ -108,6 +110,7 @@ STAGES: dict[str, Stage] = {
         # A cross-user cache hit's run, when a fresh job of its shape would be claimed (jobs/actions/
         # lifecycle.py reveal_start): on its lane's GPU worker, which holds the signing key, so the
         # hit's own files are made and signed off the submit's request path (no timing to tell).
+        # A joiner waits here too, sent on when the job it joined ends (lifecycle.release_joiners).
         Stage("reveal", "jobs.actions.lifecycle.reveal_start", "QUEUE_GPU_PREFIX", by_lane=True, process="gpu",
               resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("signing_key",)),
         Stage("classify", "jobs.pipeline.tasks.classify_batch", "QUEUE_CLASSIFY", next="publish", leased=True,

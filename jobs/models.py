@@ -55,6 +55,9 @@ class JobStage(models.TextChoices):
 QUEUED_STAGES = (JobStage.PROMPT, JobStage.REWRITE, JobStage.REWRITE_CHECK, JobStage.WAITING_GPU, JobStage.REVEAL)
 RUNNING_STAGES = (JobStage.GENERATE, JobStage.CLASSIFY, JobStage.PUBLISH)
 ACTIVE_STAGES = QUEUED_STAGES + RUNNING_STAGES + (JobStage.REVIEW,)
+# A job an identical request may join (jobs/media/cache.py in_flight), and its joiners wait for:
+# queued for its own pass, or in it.
+JOINABLE_STAGES = (JobStage.PROMPT, JobStage.REWRITE, JobStage.REWRITE_CHECK, JobStage.WAITING_GPU) + RUNNING_STAGES
 STATUS_OF: dict[str, str] = {
     **{stage: JobStatus.QUEUED for stage in QUEUED_STAGES},
     **{stage: JobStatus.RUNNING for stage in RUNNING_STAGES},
@@ -235,6 +238,10 @@ class GenerationJob(models.Model):
     # A cross-user cache hit (IMAGEGEN_CACHE_SCOPE=k-anonymous) is queued like a fresh job and
     # done at this time, no sooner than a fresh job of its shape would be (jobs.actions.reveal_cached).
     cache_reveal_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # An identical request in flight (the same request-hash key) joined: this job makes no pass of
+    # its own and takes its own copies of that job's images when it delivers (jobs.actions.lifecycle
+    # reveal_start); cleared when it falls back to being generated (the leader did not deliver).
+    joins = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="joiners")
     lease_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from imagegen import metrics
 from imagegen.stage_table import STAGES
+from jobs.actions.lifecycle import release_joiners
 from jobs.actions.notify import status_on_commit
 from jobs.actions.stages import enter_stage
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStage, JobStatus, at
@@ -171,4 +172,5 @@ def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple
             stage=JobStage.PUBLISH, batch_id=batch_id).values_list("id", flat=True)}
         Batch.objects.filter(id=batch_id).update(stage=BatchStage.DONE, lease_expires_at=None)
         status_on_commit(*finished)
+        release_joiners(finished)  # identical requests that joined these jobs' pass take their copies now
     return finished, gone

@@ -38,6 +38,7 @@ from jobs.access import usage
 from jobs.actions.notify import status_on_commit
 from jobs.models import (
     ACTIVE_STAGES,
+    JOINABLE_STAGES,
     QUEUED_STAGES,
     TERMINAL_STATUSES,
     GeneratedImage,
@@ -131,6 +132,17 @@ def finish_from_cache(job: GenerationJob, cached: dict) -> None:
 #            signing key: it makes the hit's own files into quarantine and charges it as a claim does;
 #   done     one pass of its shape later (`reveal_cached`, io queue, publishes the files).
 # Where its images are gone by then, it is generated as the fresh job it looked like.
+#
+# A joiner (an identical request that found a job in flight: jobs/media/cache.py in_flight) waits in
+# `reveal` too, after its own prompt check, until its leader ends (`release_joiners` sends its start;
+# the reaper's reveal_due re-sends a lost one). Its leader delivered: it takes its own copies of the
+# leader's images, on that lane's GPU worker (the signing key), and is done at once (its owner's own
+# repeat, or any join under a global scope), or goes on as a cross-user hit does (k-anonymous: a join
+# of another user's request must look like a fresh job). Its leader cancelled, failed, held or
+# blocked: nothing is inherited, it is generated as a fresh job. The one exception is a block by the
+# image gate of its own pixels (the same seed, the same gate: both in the key), which generating them
+# again would only repeat: the owner's joiner is blocked with that reason. (A cross-user joiner is
+# generated instead, so that its end looks like a fresh job's.)
 
 
 def _send_start(job: GenerationJob, countdown: float = 0.0) -> None:
@@ -162,15 +174,32 @@ def reveal_start(lane: str, job_id) -> bool:
     from jobs.media import cache
 
     job = GenerationJob.objects.filter(id=job_id, stage=JobStage.REVEAL).first()
-    if job is None or job.cache_reveal_at is None:
+    if job is None or (job.cache_reveal_at is None and job.joins_id is None):
         return False
     run = cache.reveal_delay(job)
+    joined: dict | None = None
+    if job.joins_id is not None:
+        with transaction.atomic():
+            # Under the row lock the leader's end holds until it commits: a start that comes between
+            # that end's look for waiting joiners and its commit reads the leader ended, not live.
+            leader = GenerationJob.objects.select_for_update().filter(id=job.joins_id).first()
+        if leader is not None and leader.stage in JOINABLE_STAGES:
+            return False  # its end sends this again (release_joiners; a lost message: the reaper's reveal_due)
+        joined = cache.joined_sources(job, leader) if leader is not None and leader.status == JobStatus.DONE else {}
+        if len(joined) < job.count:
+            reason = cache.blocked_pixels(job, leader) if leader is not None and job.cache_reveal_at is None else ""
+            if reason:
+                return block_job(job.id, stage_table.hold("image"), f"{reason} (the same image as job {leader.id}'s)",  # type: ignore[union-attr]
+                                 from_stages=(JobStage.REVEAL,))
+            return _generate_instead(job)
+        if job.cache_reveal_at is None:
+            return _deliver_joined(job, joined)
     ahead = GenerationJob.objects.filter(stage=JobStage.WAITING_GPU, model_version=job.model_version,
                                          scheduled_at__lt=job.scheduled_at)
     if ahead.exists():
         _send_start(job, countdown=max(0.1, min(run, float(settings.IMAGEGEN_FILL_WAIT) * 2)))
         return False
-    found = cache.sources(job)
+    found = joined if joined is not None else cache.sources(job)
     if len(found) < job.count:
         return _generate_instead(job)
     copies = cache.own_copies(job, found)
@@ -193,14 +222,66 @@ def reveal_start(lane: str, job_id) -> bool:
 
 
 def _generate_instead(job: GenerationJob) -> bool:
-    """The cached images went (deleted, taken down, lost) before the hit ran: it is generated,
-    as the fresh job it looked like (rewritten first where it asked for the rewriter)."""
+    """The cached images went (deleted, taken down, lost) before the hit ran, or the job it joined
+    did not deliver: it is generated, as the fresh job it looked like (rewritten first where it
+    asked for the rewriter), charged as one, and joinable itself from then on."""
+    from jobs.media import cache
+
+    fields = {"cache_reveal_at": None, "joins": None, "billable_images": job.count}
     if job.rewrite and job.rewritten_at is None:
-        if not move(job.id, JobStage.REVEAL, JobStage.REWRITE, cache_reveal_at=None):
+        if not move(job.id, JobStage.REVEAL, JobStage.REWRITE, **fields):
             return False
         transaction.on_commit(lambda: wake_rewriter(str(job.id)))
-        return True
-    return schedule(job.id, JobStage.REVEAL, cache_reveal_at=None)
+    elif not schedule(job.id, JobStage.REVEAL, **fields):
+        return False
+    job.billable_images, job.joins_id = job.count, None
+    transaction.on_commit(lambda: cache.register_in_flight(job))
+    return True
+
+
+def _deliver_joined(job: GenerationJob, found: dict) -> bool:
+    """The owner's joiner (or any under a global scope): its own copies of the leader's images,
+    published, and reveal -> done at once, as the owner's own cache hit is (a cancelled joiner
+    stays cancelled, its copies deleted)."""
+    from jobs.media import cache
+
+    copies = cache.own_copies(job, found)  # adopts the leader's rewrite and steering
+    cache.publish(copies)  # before the commit that makes the rows public
+    now = timezone.now()
+    fields: dict = {name: getattr(job, name) for name in cache.REWRITE_FIELDS if hasattr(job, name)}
+    fields = {**fields, "rewritten_at": now} if job.rewrite else {}
+    with transaction.atomic():
+        if not GenerationJob.objects.filter(id=job.id, stage=JobStage.REVEAL).update(
+            **at(JobStage.DONE), started_at=now, finished_at=now, progress_step=job.steps, steering=job.steering,
+            **fields,
+        ):
+            transaction.on_commit(lambda: cache.discard(copies))
+            return False
+        attach_cached(job, copies)
+        metrics.count_jobs(JobStatus.DONE, job.model_version)
+        status_on_commit(job.id)
+    metrics.observe("imagegen_submit_to_done_seconds", (now - job.created_at).total_seconds())
+    return True
+
+
+def release_joiners(job_ids) -> None:
+    """These jobs ended (or are held for review): the joiners waiting for them are sent on after
+    the commit (reveal_start decides each one's way), and their in-flight notes go. Call inside
+    the transaction that ended them."""
+    from jobs.media import cache
+
+    ids = [str(job_id) for job_id in job_ids]
+    if not ids:
+        return
+    for joiner in GenerationJob.objects.filter(joins_id__in=ids, stage=JobStage.REVEAL):
+        transaction.on_commit(lambda joiner=joiner: _send_start(joiner))
+    for leader in GenerationJob.objects.filter(id__in=ids, joins=None, cache_reveal_at=None).only(*NOTE_FIELDS):
+        transaction.on_commit(lambda leader=leader: cache.forget_in_flight(leader), robust=True)
+
+
+# What a job's request keys are made of (jobs/media/cache.py request_key).
+NOTE_FIELDS = ("id", "owner_id", "model_version", "prompt", "negative_prompt", "width", "height", "steps",
+               "guidance_scale", "scheduler", "seed", "count", "rewrite", "rewriter_version")
 
 
 reveal_start_task = stage_table.stage_task("reveal")(reveal_start)
@@ -297,6 +378,8 @@ def move(job_id, from_stages, to_stage: str, when: dict | None = None, **fields)
             status_on_commit(job_id)
             version = GenerationJob.objects.filter(id=job_id).values_list("model_version", flat=True).first()
             metrics.count_jobs(to_status, version or "")
+        if updated and (to_status in TERMINAL_STATUSES or to_status == JobStatus.REVIEW):
+            release_joiners([job_id])
     return bool(updated)
 
 
@@ -399,11 +482,12 @@ def admit(job_id, from_stages=(JobStage.PROMPT, JobStage.REWRITE_CHECK), **field
     wakes a GPU worker. Returns the stage it moved to, None when it was not in `from_stages`."""
     from_stages = [from_stages] if isinstance(from_stages, str) else list(from_stages)
     row = GenerationJob.objects.filter(id=job_id, stage__in=from_stages).values_list(
-        "stage", "rewrite", "rewritten_at", "cache_reveal_at").first()
+        "stage", "rewrite", "rewritten_at", "cache_reveal_at", "joins_id").first()
     if row is None:
         return None
-    stage, rewrite, rewritten_at, reveal_at = row
-    if reveal_at is not None:  # a cross-user cache hit: its rewrite is the cached one's (taken at its start)
+    stage, rewrite, rewritten_at, reveal_at, joins = row
+    if reveal_at is not None or joins is not None:
+        # a cross-user cache hit, or a joiner: its rewrite is its source's (taken at its start)
         return JobStage.REVEAL if _enter_reveal(job_id, stage, **fields) else None
     if rewrite and rewritten_at is None:
         if not move(job_id, stage, JobStage.REWRITE, **fields):
@@ -492,6 +576,7 @@ def fail_running(job: GenerationJob, reason: str) -> bool:
         if updated:
             status_on_commit(job.id)
             metrics.count_jobs(JobStatus.FAILED, job.model_version)
+            release_joiners([job.id])
     return bool(updated)
 
 

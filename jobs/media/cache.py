@@ -33,6 +33,14 @@ so anyone could test in one request whether another user asked for a given (prom
 Each delivered image is remembered under both keys (its owner's and the shared one), so the
 scope is decided where the lookup happens and a change of setting applies at once.
 
+In flight (issue 48): an identical request that arrives while the job that will make its images is
+queued or running joins it instead of making a pass of its own. Each image of a job queued to be
+generated is noted under its request keys (its owner's and the shared one, `rc-inflight:`) with
+the job's id (`register_in_flight`); a request whose every image names one live job there, under
+the same rule as a hit (its owner's key always; the shared key only where the scope shares it and,
+k-anonymous, once k users asked), joins that job (`in_flight`). A note outlives its job only until
+a lookup finds the job ended (and drops it) or its TTL; a job that ends is no longer joined.
+
 A hit never shares an object: every job served from the cache gets its own file (`own_copies`:
 the same pixels, its own parameters and content credentials, its own key), so deleting one job's
 image removes one user's copy only. Entries keep pointing at the image that was generated.
@@ -46,6 +54,7 @@ import json
 import logging
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from imagegen.redis_client import PREFIX, get_redis, keep_reads, pipeline_with_reads, write
 from safety.gate_identity import gate_identity, is_unchecked
@@ -54,6 +63,8 @@ from safety.policy_version import policy_identity
 log = logging.getLogger(__name__)
 
 TTL_SECONDS = 30 * 24 * 3600
+# An in-flight note lives at most this long: a job lost without ending stops being joined then.
+INFLIGHT_TTL_SECONDS = 6 * 3600
 HITS_KEY = f"{PREFIX}stats:cache_hits"
 MISSES_KEY = f"{PREFIX}stats:cache_misses"
 
@@ -176,10 +187,7 @@ def remember(job) -> None:
     """After delivery: point each request key at its delivered image."""
     if not settings.IMAGEGEN_CACHE_ENABLED or job.status != "done":
         return
-    prompt_allowed = job.verdicts.filter(stage="prompt", decision="allow").exists()
-    if job.rewrite and job.revised_prompt and job.revised_prompt != job.prompt:  # and its rewrite, by the gate
-        prompt_allowed = prompt_allowed and job.verdicts.filter(stage="rewrite", decision="allow").exists()
-    if not prompt_allowed:
+    if not prompt_reusable(job):
         return  # a moderator-approved prompt is never reused for someone else without review
     pipe = get_redis().pipeline()
     for image in job.images.filter(tier="public"):
@@ -189,6 +197,126 @@ def remember(job) -> None:
         for shared in (False, True):
             pipe.set(request_key(job, image.index, shared=shared, classifier=judged_by), str(image.id), ex=TTL_SECONDS)
     pipe.execute()
+
+
+def prompt_reusable(job) -> bool:
+    """Whether the job's prompt (and its rewrite, where the rewriter changed it) was allowed by the
+    gate itself: a moderator's approval is never reused for another request without review."""
+    allowed = job.verdicts.filter(stage="prompt", decision="allow").exists()
+    if job.rewrite and job.revised_prompt and job.revised_prompt != job.prompt:  # and its rewrite, by the gate
+        allowed = allowed and job.verdicts.filter(stage="rewrite", decision="allow").exists()
+    return allowed
+
+
+def _in_flight_key(key: str) -> str:
+    return key.replace(f"{PREFIX}rc:", f"{PREFIX}rc-inflight:", 1)
+
+
+def _in_flight_keys(job) -> list[str]:
+    return [_in_flight_key(request_key(job, i, shared=shared)) for i in range(job.count) for shared in (False, True)]
+
+
+def register_in_flight(job) -> None:
+    """After the commit that queued a job to be generated (none of its images from the cache, not
+    a joiner, not a cross-user hit): its request keys name it while it is in flight. Best effort:
+    without the note an identical request is generated, as before."""
+    if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        for key in _in_flight_keys(job):
+            pipe.set(key, str(job.id), ex=INFLIGHT_TTL_SECONDS)
+        pipe.execute()
+    except RedisError:
+        log.warning("job %s not noted in flight (Redis away): an identical request is generated", job.id)
+
+
+def _live_leader(job_id: str):
+    """The job named by an in-flight note while it can still be joined: queued for or in its pass,
+    generated for itself (not a joiner, not a cross-user hit)."""
+    from jobs.models import JOINABLE_STAGES, GenerationJob
+
+    return GenerationJob.objects.filter(id=job_id, stage__in=JOINABLE_STAGES, joins=None, cache_reveal_at=None).first()
+
+
+def in_flight(job, shared: bool = False) -> tuple[object | None, bool]:
+    """The live job an identical request in flight makes, which this one may join, and whether
+    joining it is a cross-user join (k-anonymous scope: it must look like a fresh job). Every image
+    of the job must be one of that job's: its owner's notes first, then, with `shared` (shares()),
+    the shared ones, only once k users asked under the k-anonymous scope (the submit's lookup
+    counted the asker). Notes naming a job that ended are dropped."""
+    if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
+        return None, False
+    k_anonymous = settings.IMAGEGEN_CACHE_SCOPE == "k-anonymous"
+    own = [_in_flight_key(request_key(job, i)) for i in range(job.count)]
+    common = [request_key(job, i, shared=True) for i in range(job.count)] if shared else []
+    r = get_redis()
+    try:
+        pipe = r.pipeline(transaction=False)
+        pipe.mget(own + [_in_flight_key(key) for key in common])
+        for key in common if k_anonymous else ():
+            pipe.scard(_askers_key(key))
+        replies = pipe.execute()
+    except RedisError:
+        return None, False
+    names = replies[0]
+    enough = all(int(n) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K) for n in replies[1:])
+    candidates = [(names[:len(own)], False)]
+    if common and enough:
+        candidates.append((names[len(own):], True))
+    for found, is_shared in candidates:
+        if not found or None in found or len(set(found)) != 1:
+            continue
+        leader = _live_leader(found[0])
+        if leader is None:
+            try:
+                r.delete(*[key for key, name in zip(own + [_in_flight_key(k) for k in common], names, strict=True)
+                           if name == found[0]])
+            except RedisError:
+                pass
+            continue
+        return leader, k_anonymous and is_shared and leader.owner_id != job.owner_id
+    return None, False
+
+
+def forget_in_flight(job) -> None:
+    """The job ended: its notes go, where they still name it (best effort: a lookup drops a stale
+    one anyway)."""
+    keys = _in_flight_keys(job)
+    try:
+        r = get_redis()
+        stale = [key for key, name in zip(keys, r.mget(keys), strict=True) if name == str(job.id)]
+        if stale:
+            r.delete(*stale)
+    except RedisError:
+        pass
+
+
+def joined_sources(job, leader) -> dict[int, object]:
+    """index -> the leader's delivered image that is this job's (the same seed), servable as a cache
+    entry is: public, the leader done, allowed by this gate, its bytes there. An index missing means
+    the joiner cannot be served from it."""
+    if not prompt_reusable(leader):
+        return {}
+    by_seed = dict(leader.images.filter(tier="public").values_list("seed", "id"))
+    found: dict[int, object] = {}
+    for index in range(job.count):
+        image_id = by_seed.get(int(job.seed) + index)
+        image = _servable(str(image_id)) if image_id else None
+        if image is not None:
+            found[index] = image
+    return found
+
+
+def blocked_pixels(job, leader) -> str:
+    """The image gate's reason where it blocked one of the leader's images that are this job's: the
+    same pixels under the same gate (both in the key) would be blocked again. Empty otherwise."""
+    from safety.models import SafetyVerdict
+
+    seeds = [int(job.seed) + index for index in range(job.count)]
+    verdict = SafetyVerdict.objects.filter(image__job=leader, image__seed__in=seeds, stage="image", decision="block",
+                                           classifier=gate_identity()).first()
+    return verdict.reason if verdict is not None else ""
 
 
 def stats() -> dict:

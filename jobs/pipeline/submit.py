@@ -24,7 +24,8 @@ def submit_job(owner, data: dict) -> GenerationJob:
     there (done at once, no queue, no GPU; each image a file of the job's own), else queued with
     only the missing images to make, and its prompt check dispatched after commit. A hit on
     another user's entries (k-anonymous scope) is admitted, queued and checked as a fresh job
-    and revealed when one would be done (jobs/media/cache.py). Raises admission.Refused (429) past the
+    and revealed when one would be done (jobs/media/cache.py). A request identical to a job in flight
+    joins it (cache.in_flight): no pass of its own, its own copies when that job delivers. Raises admission.Refused (429) past the
     user's limits or the honest wait limit. The job's estimate is left on job.estimate.
 
     The user's limits are checked twice: the in-flight limit first without a lock, so a user at
@@ -81,7 +82,16 @@ def _submit(owner, data: dict) -> GenerationJob:
             metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
             cached, cross_user = _usable(cache.lookup(job, shared), job.count)
-    if cross_user:
+    leader, joins_across = (None, False) if cached or cross_user else cache.in_flight(job, shared)
+    if leader is not None:
+        # An identical request in flight: this job joins its pass (no GPU of its own), checked by
+        # its own prompt check, then waiting for the leader's delivery to take its own copies
+        # (jobs/actions/lifecycle.py reveal_start). Charged like a cache hit: nothing for the
+        # owner's own repeat; another user's join (k-anonymous) as the fresh job it looks like.
+        job.joins = leader
+        job.billable_images = job.count if joins_across else 0
+        job.cache_reveal_at = cache.reveal_at(job, job.estimate.eta_seconds) if joins_across else None
+    elif cross_user:
         # Queued, checked, reserved, charged and timed as a fresh job; its own files are made at
         # its reveal, off this request, in the GPU worker (jobs/actions/lifecycle.py reveal_start).
         job.billable_images, job.cache_reveal_at = job.count, cache.reveal_at(job, job.estimate.eta_seconds)
@@ -102,6 +112,9 @@ def _submit(owner, data: dict) -> GenerationJob:
                 # answer that invites a duplicate; the reaper re-sends lost prompt checks.
                 # The first stage, through the stage table (imagegen/stage_table.py: its task and queue).
                 transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
+                if not cached and leader is None and job.cache_reveal_at is None:
+                    # to be generated: an identical request arriving while it is in flight joins it
+                    transaction.on_commit(lambda: cache.register_in_flight(job), robust=True)
     except BaseException:
         cache.discard(cached)
         raise
