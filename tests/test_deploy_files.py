@@ -386,6 +386,7 @@ def test_the_manifests_database_url_comes_from_a_secret():
     assert "DATABASE_URL" not in image_env() and "DATABASE_URL" not in (DEPLOY / "Procfile").read_text()
 
 
+@pytest.mark.integration  # runs grep, as the build's shell would
 def test_the_containerfile_installs_the_projects_requirements():
     """requirements.txt is copied from the project and installed with -r; the only other package
     named is torch, at requirements.txt's exact pin read from that file, from TORCH_INDEX (by
