@@ -204,8 +204,8 @@ def _bearer(request) -> str:
 def operator_access(request) -> bool:
     """The caller may read /metrics and /readyz's details: `Authorization: Bearer
     <IMAGEGEN_METRICS_TOKEN>`, or a client address in IMAGEGEN_METRICS_ALLOW (CIDRs). The
-    address is the throttles' (X-Forwarded-For through IMAGEGEN_NUM_PROXIES proxies), not
-    uvicorn's: `--forwarded-allow-ips "*"` takes the leftmost entry, which a client can write."""
+    address is the throttles' (DRF's: the peer, which the deploy files leave to uvicorn: it reads
+    X-Forwarded-For only from IMAGEGEN_TRUSTED_PROXIES, and IMAGEGEN_NUM_PROXIES=0)."""
     from rest_framework.throttling import BaseThrottle
 
     token = settings.IMAGEGEN_METRICS_TOKEN

@@ -125,7 +125,7 @@ class Access(Group):
     throttle_stream: Rate = setting("60/min", "per signed-in user: streams opened (429 `streams_per_user`)")
     throttle_ip: Rate = setting("600/min", "per client address, every request (429 `requests_per_ip`)")
     num_proxies: int = setting(0, "proxies in front that append to X-Forwarded-For (0: the peer address is the client; the "
-                               "deploy files: 1)")
+                               "deploy files: 0, uvicorn resolving it from IMAGEGEN_TRUSTED_PROXIES)")
     signin_max_failures: int = setting(10, "failed sign-ins per (account, address) and per address in the window, then "
                                        "locked (429 + Retry-After); past as many on one account, a doubling delay")
     signin_window_seconds: float = setting(900.0, "the window failed sign-ins are counted in")

@@ -14,7 +14,8 @@
 Refused attempts are not checked and not counted (429 and Retry-After on the page's
 /accounts/login/; the admin's form shows the message). A success does not clear the counts: an
 attacker who knows one password must not reset the budget of the address they guess others'
-from. The client address is DRF's (X-Forwarded-For through IMAGEGEN_NUM_PROXIES proxies). When
+from. The client address is DRF's (the peer uvicorn settled on: X-Forwarded-For believed only from
+IMAGEGEN_TRUSTED_PROXIES; or through IMAGEGEN_NUM_PROXIES proxies). When
 Redis is down, sign-in is not throttled (logged) rather than refused for everyone.
 """
 

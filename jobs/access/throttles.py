@@ -7,7 +7,8 @@ changes something: POST, PUT, PATCH, DELETE), reads (GET, HEAD) and streams (a v
 _STREAM), so a client polling its jobs never uses up its submits, nor the reverse. A
 conditional read (If-None-Match) answered 304 costs a tenth of a request; it is charged the
 tenth up front and the rest only when the answer is not a 304. On top, one rate per client
-address for everything (IMAGEGEN_THROTTLE_IP; DRF's get_ident: the peer address, or
+address for everything (IMAGEGEN_THROTTLE_IP; DRF's get_ident: the peer address, which the
+deploy files leave to uvicorn, believing X-Forwarded-For only from IMAGEGEN_TRUSTED_PROXIES; or
 X-Forwarded-For with REST_FRAMEWORK NUM_PROXIES = IMAGEGEN_NUM_PROXIES). The user's scope and
 the address are checked in one Redis round trip. Rates are read from the settings on each
 request.
