@@ -7,6 +7,7 @@ k-anonymous scope below k there is no join, and at k a joiner answers like a fre
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -132,3 +133,19 @@ def test_another_users_request_at_k_joins_and_answers_like_a_fresh_job(workers, 
     assert credentials.verify(stored(theirs)).parameters["jobId"] == str(done.id)
     assert not GeneratedImage.objects.filter(job=done, tier="quarantine").exists()
     wait_for_status(fresh["id"], ("done",))
+
+
+def test_a_joiner_of_pixels_the_image_gate_blocked_is_blocked_without_a_pass(workers, alice_api, classifier_mode):
+    # The same seed under the same gate (both in the key) makes the same pixels, which the gate
+    # would block again: the owner's joiner shares the block instead of spending a pass on it.
+    request = unique("a yellow circle on a grey background")
+    with gpu_held(alice_api):
+        first = submit(alice_api, **request)
+        second = submit(alice_api, **request)
+        joined(second["id"])
+        classifier_mode("json:" + json.dumps({"star": 0.95}))
+    leader = wait_for_status(first["id"], ("blocked",))
+    joiner = wait_for_status(second["id"], ("blocked",))
+    assert leader.blocked_stage == joiner.blocked_stage == "image"
+    assert "looks like a star" in joiner.reason and not joiner.images.exists()
+    assert joiner.batch_id is None and len(passes(leader, joiner)) == 1

@@ -227,7 +227,7 @@ def _generate_instead(job: GenerationJob) -> bool:
     asked for the rewriter), charged as one, and joinable itself from then on."""
     from jobs.media import cache
 
-    fields = {"cache_reveal_at": None, "joins": None, "billable_images": job.count}
+    fields: dict = {"cache_reveal_at": None, "joins": None, "billable_images": job.count}
     if job.rewrite and job.rewritten_at is None:
         if not move(job.id, JobStage.REVEAL, JobStage.REWRITE, **fields):
             return False
@@ -273,10 +273,16 @@ def release_joiners(job_ids) -> None:
     ids = [str(job_id) for job_id in job_ids]
     if not ids:
         return
-    for joiner in GenerationJob.objects.filter(joins_id__in=ids, stage=JobStage.REVEAL):
-        transaction.on_commit(lambda joiner=joiner: _send_start(joiner))
-    for leader in GenerationJob.objects.filter(id__in=ids, joins=None, cache_reveal_at=None).only(*NOTE_FIELDS):
-        transaction.on_commit(lambda leader=leader: cache.forget_in_flight(leader), robust=True)
+    waiting = list(GenerationJob.objects.filter(joins_id__in=ids, stage=JobStage.REVEAL))
+    ended = list(GenerationJob.objects.filter(id__in=ids, joins=None, cache_reveal_at=None).only(*NOTE_FIELDS))
+
+    def after() -> None:
+        for joiner in waiting:
+            _send_start(joiner)
+        for leader in ended:
+            cache.forget_in_flight(leader)
+
+    transaction.on_commit(after, robust=True)
 
 
 # What a job's request keys are made of (jobs/media/cache.py request_key).

@@ -52,6 +52,7 @@ import copy
 import hashlib
 import json
 import logging
+from typing import Any
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -239,7 +240,7 @@ def _live_leader(job_id: str):
     return GenerationJob.objects.filter(id=job_id, stage__in=JOINABLE_STAGES, joins=None, cache_reveal_at=None).first()
 
 
-def in_flight(job, shared: bool = False) -> tuple[object | None, bool]:
+def in_flight(job, shared: bool = False) -> tuple[Any, bool]:
     """The live job an identical request in flight makes, which this one may join, and whether
     joining it is a cross-user join (k-anonymous scope: it must look like a fresh job). Every image
     of the job must be one of that job's: its owner's notes first, then, with `shared` (shares()),
