@@ -71,7 +71,13 @@ def _submit(owner, data: dict) -> GenerationJob:
     admission.read_ahead(shape_for(job.steps), job.count, scheduler.tier_of(job.priority))
     cached, cross_user = _usable(cache.lookup(job, shared), job.count)
     job.estimate = None
-    if len(cached) < job.count or cross_user:
+
+    def joinable() -> tuple:
+        return (None, False) if cached or cross_user else cache.in_flight(job, shared)
+
+    # The owner's own join spends no GPU and skips admission, as the owner's own cache hit does.
+    leader, joins_across = joinable()
+    if (len(cached) < job.count or cross_user) and (leader is None or joins_across):
         # A cross-user hit is admitted as the fresh job it must look like: the same estimate,
         # refusal or degradation, for all its images.
         steps, job.estimate = admission.admit_or_degrade(
@@ -82,7 +88,7 @@ def _submit(owner, data: dict) -> GenerationJob:
             metrics.inc("imagegen_degraded_total")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
             cached, cross_user = _usable(cache.lookup(job, shared), job.count)
-    leader, joins_across = (None, False) if cached or cross_user else cache.in_flight(job, shared)
+            leader, joins_across = joinable()
     if leader is not None:
         # An identical request in flight: this job joins its pass (no GPU of its own), checked by
         # its own prompt check, then waiting for the leader's delivery to take its own copies
