@@ -149,3 +149,16 @@ def test_a_joiner_of_pixels_the_image_gate_blocked_is_blocked_without_a_pass(wor
     assert leader.blocked_stage == joiner.blocked_stage == "image"
     assert "looks like a star" in joiner.reason and not joiner.images.exists()
     assert joiner.batch_id is None and len(passes(leader, joiner)) == 1
+
+
+def test_a_joiner_of_a_job_held_for_review_is_generated_and_judged_itself(workers, alice_api, classifier_mode):
+    request = unique("a white circle on a black background")
+    with gpu_held(alice_api):
+        first = submit(alice_api, **request)
+        second = submit(alice_api, **request)
+        joined(second["id"])
+        classifier_mode("json:" + json.dumps({"heart": 0.8}))
+    leader = wait_for_status(first["id"], ("review",))
+    joiner = wait_for_status(second["id"], ("review",))
+    assert joiner.joins_id is None and joiner.batch_id is not None, "it inherited the hold instead of its own pass"
+    assert joiner.batch_id != leader.batch_id and joiner.images.get().tier == "quarantine"
