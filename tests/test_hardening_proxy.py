@@ -22,7 +22,7 @@ from tests.test_hardening_webhook_targets import ROOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PROXY_SOURCE = "127.0.0.9"  # like an ingress: not the 127.0.0.1 uvicorn trusts by default
+PROXY_SOURCE = "127.0.0.9"  # like an ingress: not the 127.0.0.1 the Procfile trusts by default
 
 
 def procfile_web() -> tuple[dict, tuple[str, ...]]:
@@ -31,11 +31,11 @@ def procfile_web() -> tuple[dict, tuple[str, ...]]:
     found = re.search(r"IMAGEGEN_NUM_PROXIES=(?:\$\{IMAGEGEN_NUM_PROXIES:-(\d+)\}|(\d+))", line)
     if found:
         env["IMAGEGEN_NUM_PROXIES"] = found.group(1) or found.group(2)
-    extra: tuple[str, ...] = ()
-    allow = re.search(r'--forwarded-allow-ips "?(?:\$\{FORWARDED_ALLOW_IPS:-([^}]*)\}|([^"\s]+))', line)
-    if allow:
-        extra = ("--forwarded-allow-ips", allow.group(1) or allow.group(2))
-    return env, extra
+    # The proxies uvicorn believes: the Procfile reads IMAGEGEN_TRUSTED_PROXIES (default 127.0.0.1);
+    # this deployment sets it to its ingress's address, as an operator would.
+    allow = re.search(r'--forwarded-allow-ips "\$\{IMAGEGEN_TRUSTED_PROXIES:-[^}]*\}"', line)
+    assert allow, f"the Procfile's web line no longer reads IMAGEGEN_TRUSTED_PROXIES: {line}"
+    return env, ("--forwarded-allow-ips", PROXY_SOURCE)
 
 
 class ForwardingProxy:
