@@ -57,7 +57,7 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from imagegen.redis_client import PREFIX, get_redis, keep_reads, pipeline_with_reads, write
+from imagegen.redis_client import PREFIX, get_redis, keep_reads, pipeline_with_reads, read_ahead, reads, write
 from safety.gate_identity import gate_identity, is_unchecked
 from safety.policy_version import policy_identity
 
@@ -164,6 +164,7 @@ def lookup(job, shared: bool = False) -> dict[int, object]:
     for n in asked:
         _ask(pipe, keys[n], job.owner_id)
     replies = keep_reads(pipe.execute(), ahead)
+    job.askers_seen = {keys[n]: int(replies[3 + 3 * i]) for i, n in enumerate(asked)}  # for in_flight: no second trip
     enough = {n: int(replies[3 + 3 * i]) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K) for i, n in enumerate(asked)}
     found = {}
     for n, (key, image_id) in enumerate(zip(keys, replies[0], strict=True)):
@@ -223,11 +224,9 @@ def register_in_flight(job) -> None:
     without the note an identical request is generated, as before."""
     if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
         return
-    try:
-        pipe = get_redis().pipeline(transaction=False)
-        for key in _in_flight_keys(job):
-            pipe.set(key, str(job.id), ex=INFLIGHT_TTL_SECONDS)
-        pipe.execute()
+    keys = _in_flight_keys(job)
+    try:  # inside a submit's batched block: in its one pipeline at the end
+        write(lambda pipe: [pipe.set(key, str(job.id), ex=INFLIGHT_TTL_SECONDS) for key in keys])
     except RedisError:
         log.warning("job %s not noted in flight (Redis away): an identical request is generated", job.id)
 
@@ -240,6 +239,19 @@ def _live_leader(job_id: str):
     return GenerationJob.objects.filter(id=job_id, stage__in=JOINABLE_STAGES, joins=None, cache_reveal_at=None).first()
 
 
+def _in_flight_read(job, shared: bool) -> tuple[list[str], list[str], tuple]:
+    """The owner's note keys, the shared request keys, and the one MGET of their notes."""
+    own = [_in_flight_key(request_key(job, i)) for i in range(job.count)]
+    common = [request_key(job, i, shared=True) for i in range(job.count)] if shared else []
+    return own, common, ("MGET", *own, *[_in_flight_key(key) for key in common])
+
+
+def read_ahead_in_flight(job, shared: bool = False) -> None:
+    """Queue the read of the job's in-flight notes to ride in the cache lookup's round trip."""
+    if settings.IMAGEGEN_CACHE_ENABLED and not is_unchecked(gate_identity()):
+        read_ahead(_in_flight_read(job, shared)[2])
+
+
 def in_flight(job, shared: bool = False) -> tuple[Any, bool]:
     """The live job an identical request in flight makes, which this one may join, and whether
     joining it is a cross-user join (k-anonymous scope: it must look like a fresh job). Every image
@@ -249,19 +261,17 @@ def in_flight(job, shared: bool = False) -> tuple[Any, bool]:
     if not settings.IMAGEGEN_CACHE_ENABLED or is_unchecked(gate_identity()):
         return None, False
     k_anonymous = settings.IMAGEGEN_CACHE_SCOPE == "k-anonymous"
-    own = [_in_flight_key(request_key(job, i)) for i in range(job.count)]
-    common = [request_key(job, i, shared=True) for i in range(job.count)] if shared else []
+    own, common, notes = _in_flight_read(job, shared)
     r = get_redis()
     try:
-        pipe = r.pipeline(transaction=False)
-        pipe.mget(own + [_in_flight_key(key) for key in common])
-        for key in common if k_anonymous else ():
-            pipe.scard(_askers_key(key))
-        replies = pipe.execute()
+        # The notes were read in the submit's lookup round trip (read_ahead_in_flight); the askers
+        # were counted there (lookup: askers_seen), this asker among them.
+        [names] = reads(notes)
+        seen = getattr(job, "askers_seen", {})
+        counts = [seen[key] if key in seen else r.scard(_askers_key(key)) for key in (common if k_anonymous else ())]
     except RedisError:
         return None, False
-    names = replies[0]
-    enough = all(int(n) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K) for n in replies[1:])
+    enough = all(int(n) >= max(1, settings.IMAGEGEN_CACHE_SHARE_K) for n in counts)
     candidates = [(names[:len(own)], False)]
     if common and enough:
         candidates.append((names[len(own):], True))

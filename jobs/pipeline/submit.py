@@ -69,6 +69,7 @@ def _submit(owner, data: dict) -> GenerationJob:
 
     # The estimate's summary entry is read in the cache lookup's round trip (a miss needs it).
     admission.read_ahead(shape_for(job.steps), job.count, scheduler.tier_of(job.priority))
+    cache.read_ahead_in_flight(job, shared)  # and the in-flight notes a join needs
     cached, cross_user = _usable(cache.lookup(job, shared), job.count)
     job.estimate = None
 
