@@ -278,7 +278,7 @@ def wait_until(predicate, timeout: float = 60.0, what: str = "the condition", pa
             return found
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what}: not seen within {timeout:g} s")
-        time.sleep(pause)
+        time.sleep(pause)  # the poll interval of this condition wait, not a wait for work
 
 
 def wait_for_status(job_id, statuses=("done", "failed", "blocked", "cancelled", "review"), timeout: float = 180.0):

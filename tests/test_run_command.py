@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from scripts.procs import free_port
+from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_TIMEOUT = 240.0
@@ -125,7 +126,7 @@ def test_the_block_appears_only_once_ready_and_worker_logs_stay_in_files(tmp_pat
             return (logs / "worker-cpu.log").read_text().count("jobs.pipeline.tasks.reap")
 
         ran = reaps()
-        _wait_for(lambda: reaps() >= ran + 2, 30, "the reaper never ran")
+        wait_until(lambda: reaps() >= ran + 2, 30, "the reaper never ran")
         out.drain()
         assert {p.name for p in logs.iterdir()} >= {"web.log", "worker-cpu.log", "worker-gpu.log"}
         assert "[tasks]" in (logs / "worker-cpu.log").read_text()  # the banner is there, not on the terminal
@@ -185,16 +186,6 @@ def _commands(pids: list[int]) -> list[str]:
     return out
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(what)
-
-
 @pytest.mark.timeout(420)
 def test_verbose_shows_the_logs_here_too_and_nothing_outlives_a_supervisor_killed_outright(tmp_path, tiny_model):
     """`--verbose` shows the workers' logs on the terminal as well as in var/logs/. Then SIGKILL
@@ -216,7 +207,7 @@ def test_verbose_shows_the_logs_here_too_and_nothing_outlives_a_supervisor_kille
         out.until(lambda line: any(map(banner, out.seen)) and any("started web" in seen for seen in out.seen), 180)
         assert (tmp_path / "var" / "logs" / "worker-gpu.log").exists()
         # web (master + 2 processes), cpu (main + 2 pool + beat), classify, io, webhooks, gpu, Redis
-        _wait_for(lambda: len(_processes_with(marker)) >= 12, 120, "the stack never started all its processes")
+        wait_until(lambda: len(_processes_with(marker)) >= 12, 120, "the stack never started all its processes")
         before = _processes_with(marker)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
