@@ -97,6 +97,7 @@ IMAGEGEN_BATCH_CAPS = _c.scheduler.batch_caps
 IMAGEGEN_FILL_WAIT = _c.scheduler.fill_wait
 IMAGEGEN_STARVATION_SECONDS = _c.scheduler.starvation_seconds
 IMAGEGEN_FAIR_SHARE = _c.scheduler.fair_share
+IMAGEGEN_PREEMPTION = _c.scheduler.preemption
 IMAGEGEN_USER_WEIGHTS = _c.scheduler.user_weights
 IMAGEGEN_LEASE_SECONDS = _c.scheduler.lease_seconds
 IMAGEGEN_MAX_ATTEMPTS = _c.scheduler.max_attempts

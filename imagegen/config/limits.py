@@ -65,6 +65,8 @@ class Scheduler(Group):
     starvation_seconds: float = setting(10.0, "a bucket older than this goes first")
     fair_share: bool = setting(True, "deficit round robin by images across owners inside a shape (scheduling/policy.py); "
                                "false: first in, first out, for comparison")
+    preemption: bool = setting(True, "interactive work waiting for a lane pauses its GPU's batch-tier pass at the next step "
+                               "(state kept in the worker), runs, and the paused pass resumes (docs/stages.md)")
     user_weights: Weights = setting({}, "per-user fair-share weights, usernames (default 1, at least 0.1): a weight of 2 gets "
                                     "twice the images per round")
     lease_seconds: float = setting(30.0, "a worker's lease on work it started, renewed every third of this; work waiting in "
