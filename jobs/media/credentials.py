@@ -29,7 +29,7 @@ from django.conf import settings
 PARAMETERS_LABEL = "invalid.imagegen.parameters"  # a reverse-domain label under a name never resolved
 TRAINED_ALGORITHMIC_MEDIA = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 UNTRUSTED = "signingCredential.untrusted"
-MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+MIME_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp", "mp4": "video/mp4"}
 _NAMESPACE = uuid.UUID("0f6b7a52-7b1e-4f43-9d7e-5d1c1a6f2c31")
 
 _local = threading.local()  # one c2pa Signer per encoder thread (a Signer is not shared across threads)
