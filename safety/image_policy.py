@@ -61,6 +61,7 @@ class ImagePolicy:
     classifiers: dict[str, dict[str, LabelRule]]
     user_reasons: dict[str, dict[str, str]] = field(default_factory=dict)  # category -> decision -> text
     steer: dict[str, str] = field(default_factory=dict)  # category -> phrase steered away from
+    frame_stride: int = 1  # a video's frames judged: every k-th, the first and the last (safety/frame_gate.py)
 
     def steering(self, asked: set[str] | frozenset[str] = frozenset()) -> str:
         """The steering phrases of the categories not in ``asked`` (those the prompt check found
@@ -109,7 +110,8 @@ def parse_image_policy(data: Any, source: str = "<policy>") -> ImagePolicy:
                             if decision == "block" else
                             f"This image may show {what}; it is held until a moderator has checked it.")
                     user_reasons.setdefault(rule.category, {})[decision] = text
-    return ImagePolicy(spec.version, default, classifiers, user_reasons, dict(spec.image.steer))
+    return ImagePolicy(spec.version, default, classifiers, user_reasons, dict(spec.image.steer),
+                       spec.image.frame_stride)
 
 
 def load_image_policy(path: str | Path) -> ImagePolicy:

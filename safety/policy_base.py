@@ -196,6 +196,9 @@ class ImageSpec(BaseModel):
     # category -> a phrase the generator is steered away from (a negative prompt) unless the
     # prompt check found that category in the prompt (safety/image_policy.py, "steer")
     steer: dict[str, Text] = {}
+    # A video's frames judged by the image gate: every frame_stride-th one, and the first and the
+    # last (safety/frame_gate.py); 1 judges every frame.
+    frame_stride: Annotated[int, Field(strict=True, ge=1)] = 1
 
     def unknown_categories(self, known: set[str]) -> str | None:
         """The first place that names a category the policy does not have, and the reason."""
