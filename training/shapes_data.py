@@ -1,5 +1,10 @@
 """Procedural "shapes" dataset: 64x64 RGB images of one or two shapes with captions.
 
+Other frames (the size menu's 96x64, 64x96, 96x96: ``width`` and ``height`` arguments) draw the
+same scenes for aspect-ratio buckets (issue 46): a shape's size is relative to the frame's shorter
+side as at 64x64, one shape is placed anywhere in the frame (a margin kept), two shapes sit left
+and right. At 64x64 every sample is the one it always was.
+
 Every sample is a pure function of ``(seed, index)``: the generator seeds a numpy RNG
 with ``[seed, index]``, so the same seed and index always give the same image, caption
 and ground truth, and any subset of indices can be generated independently (on the fly).
@@ -47,7 +52,7 @@ class ShapeGT:
     kind: str
     colour: str
     size: str
-    cx: float  # centre, pixels in the 64x64 image
+    cx: float  # centre, pixels in the 64x64 image (or the frame it was drawn for)
     cy: float
     radius: float
 
@@ -90,6 +95,21 @@ def _polygon(kind: str, cx: float, cy: float, r: float) -> list[tuple[float, flo
     raise ValueError(kind)
 
 
+def render_frame(gt: SampleGT, width: int, height: int) -> Image.Image:
+    """Render a ground truth whose coordinates are pixels of a ``width`` x ``height`` frame."""
+    s = SUPERSAMPLE
+    big = Image.new("RGB", (width * s, height * s), COLOURS[gt.background])
+    draw = ImageDraw.Draw(big)
+    for sh in gt.shapes:
+        fill = COLOURS[sh.colour]
+        cx, cy, r = sh.cx * s, sh.cy * s, sh.radius * s
+        if sh.kind == "circle":
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+        else:
+            draw.polygon(_polygon(sh.kind, cx, cy, r), fill=fill)
+    return big.resize((width, height), Image.BOX)
+
+
 def render(gt: SampleGT, size: int = IMAGE_SIZE) -> Image.Image:
     """Render a ground-truth description to an RGB image of ``size`` x ``size``."""
     s = SUPERSAMPLE * size / IMAGE_SIZE
@@ -114,7 +134,11 @@ def caption_for(gt: SampleGT, with_size: bool | list[bool] = True) -> str:
     return " and ".join(parts) + f" on a {gt.background} background"
 
 
-def random_gt(rng: np.random.Generator, n_shapes: int | None = None, p_two: float = 0.25) -> SampleGT:
+def random_gt(rng: np.random.Generator, n_shapes: int | None = None, p_two: float = 0.25,
+              width: int = IMAGE_SIZE, height: int = IMAGE_SIZE) -> SampleGT:
+    """A random scene; coordinates are pixels of a ``width`` x ``height`` frame (64x64 default)."""
+    if (width, height) != (IMAGE_SIZE, IMAGE_SIZE):
+        return _random_gt_frame(rng, n_shapes, p_two, width, height)
     if n_shapes is None:
         n_shapes = 2 if rng.random() < p_two else 1
     bg = COLOUR_NAMES[rng.integers(len(COLOUR_NAMES))]
@@ -143,22 +167,60 @@ def random_gt(rng: np.random.Generator, n_shapes: int | None = None, p_two: floa
     return gt
 
 
+def _random_gt_frame(rng: np.random.Generator, n_shapes: int | None, p_two: float,
+                     width: int, height: int) -> SampleGT:
+    """A scene in a frame other than 64x64: radii scale with the shorter side; one shape anywhere
+    (its whole outline and 2 px of margin inside the frame), two shapes left and right."""
+    if n_shapes is None:
+        n_shapes = 2 if rng.random() < p_two else 1
+    scale = min(width, height) / IMAGE_SIZE
+    bg = COLOUR_NAMES[rng.integers(len(COLOUR_NAMES))]
+    fg_choices = [c for c in COLOUR_NAMES if c != bg]
+    gt = SampleGT(background=bg)
+    if n_shapes == 1:
+        kind = SHAPES[rng.integers(len(SHAPES))]
+        colour = fg_choices[rng.integers(len(fg_choices))]
+        size = SIZES[rng.integers(2)]
+        r = float(rng.uniform(*_RADIUS[1][size])) * scale
+        margin = r + 2 * scale
+        cx = float(rng.uniform(margin, width - margin))
+        cy = float(rng.uniform(margin, height - margin))
+        gt.shapes.append(ShapeGT(kind, colour, size, cx, cy, r))
+        return gt
+    colours = rng.choice(len(fg_choices), size=2, replace=False)
+    for slot in range(2):
+        kind = SHAPES[rng.integers(len(SHAPES))]
+        size = SIZES[rng.integers(2)]
+        r = float(rng.uniform(*_RADIUS[2][size])) * scale
+        base_x = width * (18.0 if slot == 0 else 46.0) / IMAGE_SIZE
+        cx = base_x + float(rng.uniform(-3, 3)) * width / IMAGE_SIZE
+        jit = max(0.0, min(10.0 * height / IMAGE_SIZE, height / 2 - r - 2 * scale))
+        cy = height / 2 + float(rng.uniform(-jit, jit))
+        gt.shapes.append(ShapeGT(kind, fg_choices[colours[slot]], size, cx, cy, r))
+    return gt
+
+
 def sample(seed: int, index: int, n_shapes: int | None = None, p_two: float = 0.25,
-           p_no_size: float = 0.3):
-    """Return ``(PIL image, caption, ground truth)`` for sample ``index`` of the dataset ``seed``."""
-    rng = np.random.default_rng([seed, index])
-    gt = random_gt(rng, n_shapes=n_shapes, p_two=p_two)
+           p_no_size: float = 0.3, width: int = IMAGE_SIZE, height: int = IMAGE_SIZE):
+    """Return ``(PIL image, caption, ground truth)`` for sample ``index`` of the dataset ``seed``
+    (at 64x64 unless ``width``/``height`` name another frame, whose samples are their own)."""
+    square = (width, height) == (IMAGE_SIZE, IMAGE_SIZE)
+    rng = np.random.default_rng([seed, index] if square else [seed, index, width, height])
+    gt = random_gt(rng, n_shapes=n_shapes, p_two=p_two, width=width, height=height)
     with_size = [bool(rng.random() >= p_no_size) for _ in gt.shapes]
-    return render(gt), caption_for(gt, with_size), gt
+    img = render(gt) if square else render_frame(gt, width, height)
+    return img, caption_for(gt, with_size), gt
 
 
 class ShapesDataset:
     """Indexable, seeded, on-the-fly dataset. ``ds[i] -> (image, caption, gt)``."""
 
     def __init__(self, seed: int = 0, length: int = 1_000_000, n_shapes: int | None = None,
-                 p_two: float = 0.25, p_no_size: float = 0.3):
+                 p_two: float = 0.25, p_no_size: float = 0.3, width: int = IMAGE_SIZE,
+                 height: int = IMAGE_SIZE):
         self.seed, self.length = seed, length
         self.n_shapes, self.p_two, self.p_no_size = n_shapes, p_two, p_no_size
+        self.width, self.height = width, height
 
     def __len__(self) -> int:
         return self.length
@@ -166,10 +228,10 @@ class ShapesDataset:
     def __getitem__(self, index: int):
         if not 0 <= index < self.length:
             raise IndexError(index)
-        return sample(self.seed, index, self.n_shapes, self.p_two, self.p_no_size)
+        return sample(self.seed, index, self.n_shapes, self.p_two, self.p_no_size, self.width, self.height)
 
     def arrays(self, indices) -> tuple[np.ndarray, list[str], list[SampleGT]]:
-        """uint8 array (N, 64, 64, 3), captions and ground truths for ``indices``."""
+        """uint8 array (N, height, width, 3), captions and ground truths for ``indices``."""
         imgs, caps, gts = [], [], []
         for i in indices:
             im, cap, gt = self[i]

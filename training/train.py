@@ -15,6 +15,15 @@ interruption still leaves a loadable model in --out. Resumable state goes to --s
 stage) and <state>.vae.pt beside it (the VAE stage); with --resume, re-running the same command
 continues either stage where it stopped (SIGTERM / Ctrl-C save a checkpoint first).
 
+Aspect-ratio buckets (issue 46, as SDXL was trained): --buckets 64x64=1,96x64=1,64x96=1,96x96=1
+draws a pool of scenes per frame (training/shapes_data.py draws them at that frame), encodes each
+with the (reused) VAE, and makes every batch one bucket, buckets drawn in proportion to their
+weights. --finetune-unet continues the UNet of --warm-from with the VAE and text encoder frozen,
+its own step count and learning-rate schedule (steps counted from 0):
+
+    nice -n 15 python -m training.train --out var/shapes-v2-ar/model --warm-from models/shapes-v2 \
+        --vae-from models/shapes-v2 --finetune-unet --buckets 64x64=1,96x64=1,64x96=1,96x96=1 ...
+
 shapes-v2 (issue 34; docs/model.md) is this script with a sharper VAE (fine-tuned from v1's with an
 edge-aware loss: L1 on pixels and on image gradients, --vae-edge-weight), a wider UNet, min-SNR
 loss weighting (--min-snr) and a longer run.
@@ -164,11 +173,11 @@ def to_tensor(imgs_u8: np.ndarray) -> torch.Tensor:
 class Pool:
     """A fixed pool of training samples from the seeded generator (re-captioned at random)."""
 
-    def __init__(self, n: int, seed: int = TRAIN_SEED):
-        ds = ShapesDataset(seed=seed, p_two=0.25)
+    def __init__(self, n: int, seed: int = TRAIN_SEED, width: int = 64, height: int = 64):
+        ds = ShapesDataset(seed=seed, p_two=0.25, width=width, height=height)
         t = time.time()
         self.imgs, _, self.gts = ds.arrays(range(n))
-        log(f"generated pool of {n} samples in {time.time() - t:.1f}s")
+        log(f"generated pool of {n} {width}x{height} samples in {time.time() - t:.1f}s")
 
     def sample_weights(self, kind_weights: dict[str, float]) -> np.ndarray | None:
         """Probability of drawing each pool sample when kinds are oversampled: a sample weighs
@@ -199,6 +208,36 @@ class Pool:
                 gt = self.gts[i]
                 caps.append(caption_for(gt, [bool(rng.random() >= p_no_size) for _ in gt.shapes]))
         return caps
+
+
+def parse_buckets(spec: str) -> list[tuple[int, int, float]]:
+    """``"64x64=2,96x64=1"`` -> ``[(64, 64, 2.0), (96, 64, 1.0)]`` (width, height, weight); sides are
+    multiples of 16 (two 2x downsamplings of 4x-downsampled latents); the weight defaults to 1."""
+    out = []
+    for part in filter(None, spec.split(",")):
+        frame, _, weight = part.partition("=")
+        try:
+            w, h = (int(v) for v in frame.lower().split("x"))
+            wt = float(weight or 1)
+        except ValueError:
+            raise SystemExit(f"--buckets: {part!r} is not WIDTHxHEIGHT=WEIGHT") from None
+        if w % 16 or h % 16 or w <= 0 or h <= 0 or wt <= 0:
+            raise SystemExit(f"--buckets: {part!r}: sides must be positive multiples of 16, the weight positive")
+        out.append((w, h, wt))
+    if not out:
+        raise SystemExit("--buckets: no bucket")
+    return out
+
+
+class Bucket:
+    """One aspect-ratio bucket: its pool, the pool's latents and its share of the batches."""
+
+    def __init__(self, width: int, height: int, weight: float, pool: Pool, lat_mean: torch.Tensor):
+        self.width, self.height, self.weight, self.pool, self.lat_mean = width, height, weight, pool, lat_mean
+
+    @property
+    def name(self) -> str:
+        return f"{self.width}x{self.height}"
 
 
 # ----------------------------------------------------------------------------- stage 1: VAE
@@ -396,7 +435,7 @@ def parse_kind_weights(spec: str | None) -> dict[str, float]:
     return out
 
 
-def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out: Path, t_start):
+def train_unet(args, vae, tokenizer, buckets: list[Bucket], preview, out: Path, t_start):
     torch.manual_seed(args.seed + 1)
     rng = np.random.default_rng(args.seed + 1)
     sf = vae.config.scaling_factor
@@ -406,7 +445,13 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
     log(f"UNet params: {n_params(unet):,}  text encoder params: {n_params(te):,}")
     state_path = Path(args.state)
     warm_step = 0
-    if args.warm_from and not (args.resume and state_path.exists()):
+    if args.finetune_unet:
+        if not args.warm_from:
+            raise SystemExit("--finetune-unet needs --warm-from")
+        base_step = warm_start(args.warm_from, unet, te)     # the state, if any, overrides the UNet below
+        te.requires_grad_(False)
+        log(f"fine-tuning the UNet of {args.warm_from} (its step {base_step}); text encoder and VAE frozen")
+    elif args.warm_from and not (args.resume and state_path.exists()):
         warm_step = warm_start(args.warm_from, unet, te)
         log(f"warm start from {args.warm_from}: its EMA weights at UNet step {warm_step}, a fresh optimiser")
     elif not (args.resume and state_path.exists()):
@@ -418,7 +463,7 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
     ema_unet, ema_te = copy.deepcopy(unet).eval(), copy.deepcopy(te).eval()
     for p in list(ema_unet.parameters()) + list(ema_te.parameters()):
         p.requires_grad_(False)
-    params = list(unet.parameters()) + list(te.parameters())
+    params = list(unet.parameters()) + ([] if args.finetune_unet else list(te.parameters()))
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.warmup, args.steps, warm_step))
     noise_sched = make_train_scheduler()
@@ -442,16 +487,23 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
     def ema_update(step):
         decay = min(args.ema, (1 + step) / (10 + step))
         with torch.no_grad():
-            for src, dst in ((unet, ema_unet), (te, ema_te)):
+            for src, dst in ((unet, ema_unet),) if args.finetune_unet else ((unet, ema_unet), (te, ema_te)):
                 for ps, pd in zip(src.parameters(), dst.parameters(), strict=True):
                     pd.mul_(decay).add_(ps.detach(), alpha=1 - decay)
 
     unet.train()
-    te.train()
+    te.train(not args.finetune_unet)
     t0 = time.time()
     loss_avg = None
-    draw_p = pool.sample_weights(parse_kind_weights(args.kind_weights))
+    kind_weights = parse_kind_weights(args.kind_weights)
+    draw_ps = [b.pool.sample_weights(kind_weights) for b in buckets]
+    bucket_p = np.array([b.weight for b in buckets]) / sum(b.weight for b in buckets)
+    per_bucket: dict[str, list[float]] = {b.name: [] for b in buckets}
     for step in range(start, args.steps):
+        # one bucket per batch (one frame per batch, as SDXL's aspect-ratio buckets); a single
+        # bucket draws nothing here, so the 64x64 recipe's random stream is as it always was
+        bi = 0 if len(buckets) == 1 else int(rng.choice(len(buckets), p=bucket_p))
+        pool, lat_mean, draw_p = buckets[bi].pool, buckets[bi].lat_mean, draw_ps[bi]
         if draw_p is None:
             idx = rng.integers(len(pool.imgs), size=args.batch)
         else:
@@ -465,7 +517,11 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         a = acp[t].view(-1, 1, 1, 1)
         zt = a.sqrt() * z0 + (1 - a).sqrt() * noise
         target = a.sqrt() * noise - (1 - a).sqrt() * z0            # v-prediction
-        enc = te(ids)[0]
+        if args.finetune_unet:
+            with torch.no_grad():
+                enc = te(ids)[0]
+        else:
+            enc = te(ids)[0]
         pred = unet(zt, t, encoder_hidden_states=enc).sample
         if args.min_snr > 0:
             # min-SNR-gamma weighting (Hang et al. 2023) in its v-prediction form: min(snr, g) / (snr + 1)
@@ -481,11 +537,15 @@ def train_unet(args, vae, tokenizer, lat_mean, lat_std, pool: Pool, preview, out
         sched.step()
         ema_update(step)
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
+        per_bucket[buckets[bi].name].append(loss.item())
         done = step + 1
         if step % 25 == 0 or done == args.steps:
             el = time.time() - t0
-            log(f"unet step {done}/{args.steps} loss {loss.item():.4f} avg {loss_avg:.4f} "
-                f"lr {sched.get_last_lr()[0]:.2e} {el / (done - start):.3f}s/step")
+            by_bucket = ""
+            if len(buckets) > 1:
+                by_bucket = " " + " ".join(f"{k}:{np.mean(v[-20:]):.4f}" for k, v in per_bucket.items() if v)
+            log(f"unet step {done}/{args.steps} [{buckets[bi].name}] loss {loss.item():.4f} avg {loss_avg:.4f} "
+                f"lr {sched.get_last_lr()[0]:.2e} {el / (done - start):.3f}s/step{by_bucket}")
         out_of_time = (args.max_minutes > 0 and time.time() - t_start > 60 * args.max_minutes) or STOP["requested"]
         if done % args.ckpt_every == 0 or done == args.steps or out_of_time:
             meta = dict(vars(args), unet_step=done, total_wall_s=round(time.time() - t_start, 1),
@@ -547,6 +607,14 @@ def main(argv=None):
                    help="continue from a saved pipeline dir (its VAE, EMA UNet and text encoder, and the UNet "
                         "step in its training_info.json) when --state is gone; the optimiser starts afresh")
     p.add_argument("--fp32", action="store_true", help="save fp32 weights (default fp16 on disk)")
+    p.add_argument("--buckets", default="64x64=1",
+                   help="aspect-ratio buckets WIDTHxHEIGHT=WEIGHT,...: each batch is one bucket, drawn in "
+                        "proportion to the weights (default: 64x64 alone, as shapes-v1 and v2 were trained)")
+    p.add_argument("--bucket-pool", type=int, default=0,
+                   help="training samples per bucket other than 64x64 (0: --pool)")
+    p.add_argument("--finetune-unet", action="store_true",
+                   help="fine-tune the UNet of --warm-from alone (text encoder and VAE frozen), with its own "
+                        "--steps and learning-rate schedule counted from 0")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -593,7 +661,17 @@ def _run(args):
     preview = fit_preview_decoder(lat_mean * sf, pool.imgs)
     preview["vae_recon_mse"] = rec_mse
     log(f"preview decoder fit rmse {preview['fit_rmse']:.4f}")
-    train_unet(args, vae, tokenizer, lat_mean, lat_std, pool, preview, out, t_start)
+    buckets = []
+    for w, h, weight in parse_buckets(args.buckets):
+        if (w, h) == (64, 64):
+            buckets.append(Bucket(w, h, weight, pool, lat_mean))
+            continue
+        bpool = Pool(args.bucket_pool or args.pool, width=w, height=h)
+        t = time.time()
+        bucket_lat, _ = encode_pool(vae, bpool)
+        log(f"encoded the {w}x{h} pool in {time.time() - t:.0f}s: latents {tuple(bucket_lat.shape[1:])}")
+        buckets.append(Bucket(w, h, weight, bpool, bucket_lat))
+    train_unet(args, vae, tokenizer, buckets, preview, out, t_start)
     log(f"all done in {time.time() - t_start:.0f}s")
 
 
