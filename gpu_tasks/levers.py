@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from collections import OrderedDict
@@ -175,6 +176,9 @@ class CleanEstimate:
     def __enter__(self):
         original = self.scheduler.step
 
+        # wraps: the pipeline reads the step's signature to pass `generator` (an ancestral
+        # sampler's per-row noise) and `eta`; a bare (*args, **kwargs) hid them.
+        @functools.wraps(original)
         def step(model_output, timestep, sample, *args, **kwargs):
             before = _x0_from_noise_level(self.scheduler, model_output, timestep, sample)
             out = original(model_output, timestep, sample, *args, **kwargs)
