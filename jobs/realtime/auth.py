@@ -1,27 +1,31 @@
-"""Websocket authentication: the session cookie (web page) or `Authorization: Token ...`."""
+"""Websocket authentication: `Authorization: Token ...` (a script) or the session cookie (the
+web page), looked up on a thread of the handshake's own (jobs/realtime/threads.py)."""
 
 from __future__ import annotations
 
-from channels.auth import AuthMiddlewareStack
+from channels.auth import AuthMiddleware
 from channels.security.websocket import AllowedHostsOriginValidator
+from channels.sessions import CookieMiddleware, SessionMiddleware
 
 from jobs.realtime.state import token_user
+from jobs.realtime.threads import own_thread
 
 
-class _TokenHeader:
-    def __init__(self, inner):
-        self.inner = inner
+class _TokenOrSession(AuthMiddleware):
+    """scope["user"]: the token's user when the handshake sends one (AnonymousUser for a bad
+    one), else the session's."""
 
-    async def __call__(self, scope, receive, send):
-        headers = dict(scope.get("headers", []))
-        header = headers.get(b"authorization", b"").decode("latin-1")
-        if header:
-            scope = {**scope, "user": await token_user(header)}
-        return await self.inner(scope, receive, send)
+    async def resolve_scope(self, scope):
+        header = dict(scope.get("headers", [])).get(b"authorization", b"").decode("latin-1")
+        async with own_thread():
+            if header:
+                scope["user"] = await token_user(header)
+            else:
+                await super().resolve_scope(scope)
 
 
 def TokenOrSessionAuthMiddleware(inner):
-    return AuthMiddlewareStack(_TokenHeader(inner))
+    return CookieMiddleware(SessionMiddleware(_TokenOrSession(inner)))
 
 
 class OriginOrTokenScript:

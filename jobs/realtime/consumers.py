@@ -11,6 +11,8 @@ twin of 503 + Retry-After; daphne allows only 1000 and 3000-4999 from the server
 close reasons, hence the frame). After the terminal status the
 server closes the socket with code 1000. The row's status arrives every
 IMAGEGEN_WATCH_REREAD_SECONDS even when events are lost (a Redis restart): see jobs/realtime/state.py.
+Each handler runs its sync work (the job check, the state read) on a thread of its own
+(jobs/realtime/threads.py), so one socket's slow read holds no other socket of the process.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from jobs.access.throttles import stream_refusal
 from jobs.api.errors import RETRY_AFTER_SECONDS
 from jobs.realtime import streams
 from jobs.realtime.state import EventOrder, current_events, job_hub, owned_job
+from jobs.realtime.threads import own_thread
 
 CLOSE_NORMAL = 1000
 CLOSE_UNAVAILABLE = 4503
@@ -41,6 +44,10 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
     # ended the socket (close 1011) without the terminal status. An alias that is not
     # configured means no layer (channels.layers.get_channel_layer answers None).
     channel_layer_alias = "none: events come through the JobHub"
+
+    async def dispatch(self, message):
+        async with own_thread():
+            await super().dispatch(message)
 
     async def connect(self):
         self.job_id = str(self.scope["url_route"]["kwargs"]["job_id"])
