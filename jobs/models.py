@@ -404,13 +404,15 @@ class WebhookSecret(models.Model):
 
 
 class WebhookDelivery(models.Model):
-    """The outbox: one row per terminal status of a job with a webhook_url, written in the same
+    """The outbox: one row per terminal status a job with a webhook_url reaches (in order: a job
+    blocked, its appeal overturned and then blocked again announces blocked twice), written in the same
     transaction as the status change; delivered by a task on the io queue, re-sent by the reaper
     until delivered or IMAGEGEN_WEBHOOK_RETRY_HOURS have passed (jobs/webhooks/delivery.py)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job = models.ForeignKey(GenerationJob, on_delete=models.CASCADE, related_name="webhook_deliveries")
     status = models.CharField(max_length=16, help_text="the job's terminal status it announces")
+    announcement = models.PositiveSmallIntegerField(default=0, help_text="the job's nth terminal status (0 the first)")
     url = models.URLField(max_length=2000)
     body = models.TextField(blank=True, default="", help_text="the signed JSON, fixed at the first attempt")
     created_at = models.DateTimeField(default=timezone.now)
@@ -425,7 +427,7 @@ class WebhookDelivery(models.Model):
     class Meta:
         ordering = ["-created_at"]
         verbose_name_plural = "webhook deliveries"
-        constraints = [models.UniqueConstraint(fields=["job", "status"], name="one_webhook_per_job_status")]
+        constraints = [models.UniqueConstraint(fields=["job", "announcement"], name="one_webhook_per_job_announcement")]
 
     @property
     def message_id(self) -> str:

@@ -352,6 +352,29 @@ def test_an_overturned_appeal_blocked_again_is_open_again_and_its_moderator_is_t
     assert decide(mod_api, case, "reject", "no").status_code == 409
 
 
+def test_a_job_blocked_again_after_an_overturn_announces_each_terminal_status_to_its_webhook(owner, mod, mod_api):
+    """The webhook hears every terminal status a job reaches, in order: blocked, then (the appeal
+    overturned, the image blocked) blocked again, then (approved) done. The outbox once kept one
+    row per (job, status), so the second block was never announced."""
+    from jobs.actions.lifecycle import move
+    from jobs.models import WebhookDelivery
+
+    case = appealed_prompt_block(owner)
+    GenerationJob.objects.filter(id=case.id).update(webhook_url="https://hooks.example/imagegen")
+    WebhookDelivery.objects.create(job=case, status="blocked", url="https://hooks.example/imagegen", body="{}")
+    decide(mod_api, case, "approve", "a plain shape")
+    GenerationJob.objects.filter(id=case.id).update(stage="publish", status="running")
+    quarantined_image(case)
+    assert move(case.id, "publish", "blocked", blocked_stage="image", reason="This image looks like a star.")
+    # The same status written again (a duplicate run of the same move) announces nothing new.
+    from jobs.webhooks.delivery import record_terminal
+
+    record_terminal(job_ids=[case.id])
+    decide(mod_api, case, "approve", "the image is a plain shape too")
+    announced = list(WebhookDelivery.objects.filter(job=case).order_by("announcement").values_list("status", flat=True))
+    assert announced == ["blocked", "blocked", "done"]
+
+
 def test_a_moderators_own_rejection_after_an_overturn_does_not_reopen_the_appeal(owner, mod, mod_api):
     case = appealed_prompt_block(owner)
     decide(mod_api, case, "approve", "a plain shape")

@@ -256,13 +256,22 @@ def record_terminal(sender=None, job_ids=(), **kwargs) -> None:
                 .exclude(webhook_url="").select_related("batch").prefetch_related("images"))
     made = []
     for job in jobs:
-        if WebhookDelivery.objects.filter(job=job, status=job.status).exists():
+        # A terminal status is announced once each time the job reaches it: the same status
+        # written again (a duplicate run of the same move) is not a new one; the same status
+        # reached again is, and only a moderator's decision takes a job out of a terminal status
+        # (blocked, an appeal overturned, blocked again by the image check), so it is a new
+        # arrival when a human verdict was given after the last announcement.
+        last = WebhookDelivery.objects.filter(job=job).order_by("-announcement").values_list(
+            "status", "announcement", "created_at").first()
+        if last is not None and last[0] == job.status and not job.verdicts.filter(
+                stage="human", created_at__gt=last[2]).exists():
             continue
         body = json.dumps(JobSerializer(job).data, separators=(",", ":"), default=str)
         # The dispatch after commit holds the row for one lease; should it be lost, the reaper
         # sends the row once that lease ends.
-        made.append(WebhookDelivery.objects.create(job=job, status=job.status, url=job.webhook_url, body=body,
-                                                   next_attempt_at=timezone.now() + timedelta(seconds=lease_seconds())).id)
+        made.append(WebhookDelivery.objects.create(
+            job=job, status=job.status, announcement=0 if last is None else last[1] + 1, url=job.webhook_url,
+            body=body, next_attempt_at=timezone.now() + timedelta(seconds=lease_seconds())).id)
     if made:
         transaction.on_commit(lambda: send_deliveries(made, first=True), robust=True)
 
