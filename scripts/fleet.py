@@ -3,8 +3,9 @@ veth pair to a bridge whose subnet (10.231.0.0/24) exists only on those links, a
 the processes of its lines in deploy/Procfile, started with the environment a production host
 has. Nothing is shared between hosts but the network: PostgreSQL, Redis and SeaweedFS (S3) run on
 the services host, media go through S3 only, each host has its own var folder (and its own /tmp
-and hostname). HAProxy on the lb host terminates TLS in front of the two web hosts (websockets and
-SSE included) and serves the public bucket under /imagegen-public/ as the CDN would.
+and hostname; a web host's holds the static files, collected once as the image's build does).
+HAProxy on the lb host terminates TLS in front of the two web hosts (websockets and SSE included)
+and serves the public bucket under /imagegen-public/ as the CDN would.
 
 No door is open between hosts (doors() tries each from other hosts): PostgreSQL asks every host
 for the application role's password (scram-sha-256; the superuser has none and logs in only on
@@ -377,6 +378,8 @@ class Fleet:
             shutil.copy(secret, var / "secrets" / secret.name)
         os.chmod(var, 0o755)
         os.chmod(var / "tmp", 0o1777)
+        if "web" in LAYOUT[name][1]:  # the image's static files (IMAGEGEN_VAR_DIR/static, served by whitenoise)
+            shutil.copytree(self._built_static(), var / "static")
         host = Host(name, f"{SUBNET}.{octet}", var, self.host_env(name, var))
         ns, veth, peer = host.ns, host.veth, f"{PREFIX}p{octet}"
         run("ip", "netns", "add", ns)
@@ -390,6 +393,21 @@ class Fleet:
         run("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
         self.hosts[name] = host
         return host
+
+    def _built_static(self) -> Path:
+        """The static files as the image carries them: the Containerfile collects them at build
+        time, with the embedded settings in a scratch var folder (a build has no database or
+        secrets). Without them a web host serves the page with neither its script nor its style."""
+        build = self.root / "build"
+        if not (build / "static").is_dir():
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(build), "LANG": "C.UTF-8",
+                   "IMAGEGEN_EMBEDDED": "true", "IMAGEGEN_VAR_DIR": str(build), "DJANGO_SETTINGS_MODULE": "imagegen.settings"}
+            build.mkdir(exist_ok=True)
+            done = subprocess.run([sys.executable, "manage.py", "collectstatic", "--noinput"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=180)
+            if done.returncode != 0:
+                raise RuntimeError(f"collectstatic failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+        return build / "static"
 
     def host_argv(self, host: Host, command: str, user: str | None = None) -> list[str]:
         """`command` (a shell line) on the host: in its namespace, with its own hostname and /tmp."""

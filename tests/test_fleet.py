@@ -15,7 +15,9 @@ Two fleets, one after the other (each torn down before the next is built):
 
 Afterwards, on each: nothing is lost, delivered twice or public that should not be, and /metrics
 agrees with the database. Before the burst, each door between hosts is tried from a web host and
-a GPU host, and each is shut (Fleet.doors()).
+a GPU host, and each is shut (Fleet.doors()); and on the first fleet of the run, Debian's chromium
+signs in through the load balancer (TLS), submits a job on the page and shows the delivered image,
+served from the fleet's S3 through the balancer as a CDN would, on the job's card and in the gallery.
 
 Runs where the machine lets it build namespaces (root, iproute2; CI's .ci/run runs as root), else
 it is skipped with the reason."""
@@ -23,10 +25,14 @@ it is skipped with the reason."""
 from __future__ import annotations
 
 import os
+import secrets
+import time
+from pathlib import Path
 
 import pytest
 
-from scripts.fleet import PREFIX, REAL_MODEL_HOST, can_run, open_doors, run
+from scripts.fleet import LB_IP, PREFIX, PUBLIC_BUCKET, REAL_MODEL_HOST, can_run, open_doors, run
+from tests.test_web_page import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.skipif(can_run() is not None, reason=f"no fleet here: {can_run()}"), pytest.mark.timeout(900)]
 
@@ -42,6 +48,75 @@ BURSTS = {
 FLEETS = [b.strip() for b in os.environ.get("IMAGEGEN_TEST_FLEETS", "redis").split(",") if b.strip()]
 if unknown := set(FLEETS) - set(BURSTS):
     raise ValueError(f"IMAGEGEN_TEST_FLEETS names no fleet: {sorted(unknown)} (known: {sorted(BURSTS)})")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+def page_through_the_load_balancer(fleet, tries: int = 4) -> dict:
+    """Issue 44, item 1: the page as a visitor sees it, through HAProxy's TLS in front of the two
+    web hosts, with the images in the fleet's S3 (served by the balancer under /imagegen-public/,
+    the absolute URLs a bucket deployment gives). Chromium runs in this (the root) namespace,
+    which reaches the balancer over the bridge; the balancer's certificate is the fleet's own, so
+    the context ignores HTTPS errors. Sign in, submit, wait for the job to settle; what the card's
+    final image and the gallery's tile show is read back (naturalWidth > 0: the browser decoded
+    the pixels). The fleet's image gate blocks or holds a share of its shapes (a few of each
+    burst): a job it stops is submitted again, up to `tries` jobs, since what is checked here is
+    the delivered image. Every failure is reported in the result rather than raised, so the
+    burst still runs; the browser is closed either way."""
+    if not os.path.exists(CHROMIUM):
+        return {"skipped": f"{CHROMIUM} is missing"}
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return {"skipped": "playwright is not installed"}
+    started = time.monotonic()
+    name, password = "page-visitor", secrets.token_hex(12)
+    fleet.python("beat", "from django.contrib.auth import get_user_model\n"
+                         f"get_user_model().objects.create_user({name!r}, password={password!r})\n")
+    seen: dict = {"errors": [], "failed_requests": [], "jobs": []}
+    settled = "['done', 'blocked', 'failed', 'cancelled', 'review'].includes(document.getElementById('current-status').dataset.status)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, "--no-proxy-server"], headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1200, "height": 900}, ignore_https_errors=True)
+            page = context.new_page()
+            page.set_default_timeout(60_000)
+            page.on("pageerror", lambda exc: seen["errors"].append(str(exc)))
+            page.on("requestfailed", lambda req: seen["failed_requests"].append(f"{req.url}: {req.failure}"))
+            try:
+                page.goto(f"{fleet.url}/accounts/login/")
+                page.get_by_label("Username").fill(name)
+                page.get_by_label("Password").fill(password)
+                page.get_by_role("button", name="Sign in").click()
+                page.wait_for_url(f"{fleet.url}/")
+                for _ in range(tries):
+                    before = page.evaluate("window.imagegen.current.job && window.imagegen.current.job.id")
+                    page.get_by_label("Prompt", exact=True).fill("a red circle on a blue background")
+                    page.get_by_label("Steps").fill("12")
+                    page.get_by_role("button", name="Generate").click()
+                    page.wait_for_function("(before) => window.imagegen.current.job && window.imagegen.current.job.id !== before",
+                                           arg=before)
+                    page.wait_for_function(settled)
+                    job_id, status = page.evaluate("[window.imagegen.current.job.id, window.imagegen.current.job.status]")
+                    seen["jobs"].append([job_id, status])
+                    if status == "done":
+                        break
+                seen["status"] = seen["jobs"][-1][1]
+                if seen["status"] == "done":
+                    final = "document.querySelector('#results img.final')"
+                    page.wait_for_function(f"{final} !== null && {final}.complete && {final}.naturalWidth > 0")
+                    seen["final"] = page.evaluate(f"[{final}.getAttribute('src'), {final}.naturalWidth]")
+                    tile = f"document.querySelector('.gallery .tile[data-job=\"{seen['jobs'][-1][0]}\"] img')"
+                    page.wait_for_function(f"{tile} !== null && {tile}.complete && {tile}.naturalWidth > 0")
+                    seen["tile"] = page.evaluate(f"[{tile}.getAttribute('src'), {tile}.naturalWidth]")
+            except Exception as exc:  # judged by the test, with what the page showed
+                seen["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                ARTIFACTS.mkdir(exist_ok=True)
+                page.screenshot(path=str(ARTIFACTS / "fleet_page.png"), full_page=True)
+            context.close()
+        finally:
+            browser.close()
+    seen["seconds"] = round(time.monotonic() - started, 1)
+    return seen
 
 
 @pytest.fixture(scope="module", params=FLEETS)
@@ -58,7 +133,9 @@ def fleet_run(request):
     # The report outlives the fleet: it is torn down before the next broker's is built.
     with Fleet(env=BURST_ENV, broker=broker) as fleet:
         fleet.up()
-        report = burst(fleet, spec)
+        # Once per run (the page does not depend on the broker): before the burst, on a quiet fleet.
+        page = page_through_the_load_balancer(fleet) if broker == FLEETS[0] else None
+        report = {**burst(fleet, spec), "page": page}
     left = [line for line in run("ip", "netns", "list").stdout.splitlines() + run("ip", "-o", "link", "show").stdout.splitlines()
             if f"{PREFIX}-" in line or f" {PREFIX}v" in line]
     assert not left, f"the fleet left namespaces or links behind: {left}"
@@ -161,3 +238,23 @@ def test_every_door_between_hosts_is_shut(fleet_run):
     doors = report["doors"]
     assert set(doors["from"]) == {"web1", "gpu2"}, doors
     assert open_doors(doors) == [], doors
+
+
+def test_the_page_through_the_load_balancer_shows_the_image_from_the_bucket(fleet_run):
+    """Issue 44, item 1: with the images in object storage the page's URLs are absolute (here the
+    balancer's /imagegen-public/, as a CDN domain would be); a visitor's chromium, through HAProxy
+    and TLS, sees the job done and its image decoded on the card and in the gallery."""
+    broker, _, report = fleet_run
+    page = report["page"]
+    if page is None:
+        pytest.skip(f"the page is checked on the run's first fleet ({FLEETS[0]}), not on {broker}'s")
+    if "skipped" in page:
+        pytest.skip(page["skipped"])
+    assert "error" not in page, page
+    assert page["status"] == "done", f"no job of the page's {len(page['jobs'])} was delivered: {page}"
+    bucket = f"https://{LB_IP}/{PUBLIC_BUCKET}/"
+    for where in ("final", "tile"):
+        src, width = page[where]
+        assert src.startswith(bucket) and width > 0, (where, page)
+    assert page["errors"] == [], page
+    print(f"the page through the load balancer: {page['seconds']} s, jobs {page['jobs']}")
