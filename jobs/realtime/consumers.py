@@ -85,6 +85,7 @@ class JobEventsConsumer(AsyncJsonWebsocketConsumer):
         for event in await current_events(self.job_id):
             await self._send(event)
         if not self.order.finished:
+            # It outlives this handler's thread (own_thread): it makes no thread-sensitive call.
             self.forwarder = asyncio.create_task(self._forward())
 
     async def _refuse(self, code: int, detail: str, limit: str, retry_after: int) -> None:
