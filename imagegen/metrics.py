@@ -44,7 +44,7 @@ HELP = {
     "imagegen_cache_hits_total": "Images served from the request-hash cache",
     "imagegen_cache_misses_total": "Images that had to be generated",
     "imagegen_shed_total": "Submits refused with 429, by limit",
-    "imagegen_degraded_total": "Jobs accepted with fewer steps",
+    "imagegen_degraded_total": "Jobs accepted degraded under load, by what they got (`to`: fewer steps, or the model's student)",
     "imagegen_queue_wait_seconds": "Admission to the scheduler until a GPU worker took the job",
     "imagegen_time_to_first_preview_seconds": "Submit until the first preview was published",
     "imagegen_previews_withheld_total": "Preview pictures the image gate did not allow (not sent; the job's next round is judged afresh), by decision",

@@ -26,6 +26,11 @@ few-step version the 400 suggests instead (models/shapes-v2: 12 and shapes-v2-lc
 blobs were read as stars and hearts by the image gate, issue 46).
 `batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
 --model-version V` suggests for that model (scheduling/scheduler.py applies them per version).
+`kinds_right`: the measured share of held-out captions whose shape kind the model draws right, per
+steps (`{"12": 0.99, "8": 0.83}`; `kinds_right_by` names the command that measured it,
+bench/model_eval.py by the geometric judge). Admission under load compares the student's figure at
+its steps with the teacher's at its degraded steps (jobs/admission/degrade.py); a model without
+figures is never sent a teacher's job.
 """
 
 from __future__ import annotations
@@ -59,6 +64,12 @@ class ServedModel:
     steer: bool = True  # False: the policy's steering is not applied to it (safety/image_policy.py)
     min_steps: int = 1  # fewer steps are refused (a 400 naming `steps`)
     student: str = ""  # a served few-step version to ask for instead of fewer steps than min_steps
+    kinds_right: tuple = ()  # ((steps, share of kinds drawn right), ...) measured, fewest steps first
+
+    def kinds_right_at(self, steps: int) -> float | None:
+        """The measured kinds-right share at `steps`: the figure of the most steps measured at or
+        below it (fewer steps never draw better here), None when none is."""
+        return next((share for measured, share in reversed(self.kinds_right) if measured <= steps), None)
 
     def as_json(self) -> dict:
         return {
@@ -97,8 +108,8 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
     measured = _profile(path)
     # degrade_steps is measured like the caps: the fewest steps at which the model still draws
     # what it is asked (models/shapes-v2: 12; at 8 its kinds drop to 83% by geometry, docs/model.md).
-    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps", "steer", "min_steps", "student")
-            if k in measured} if default else measured
+    prof = {k: measured[k] for k in ("batch_caps", "fill_wait", "degrade_steps", "steer", "min_steps", "student",
+                                     "kinds_right") if k in measured} if default else measured
     max_steps = min(settings.IMAGEGEN_MAX_STEPS, int(prof.get("max_steps", settings.IMAGEGEN_MAX_STEPS)))
     min_steps = max(settings.IMAGEGEN_MIN_STEPS, min(max_steps, int(prof.get("min_steps", settings.IMAGEGEN_MIN_STEPS))))
     steps = int(prof.get("default_steps", settings.IMAGEGEN_DEFAULT_STEPS))
@@ -119,6 +130,7 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         steer=bool(prof.get("steer", True)),
         min_steps=min_steps,
         student=str(prof.get("student", "")),
+        kinds_right=tuple(sorted((int(k), float(v)) for k, v in dict(prof.get("kinds_right", {})).items())),
     )
 
 

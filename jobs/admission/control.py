@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db.models import Sum
 
 from imagegen.precompiled import Precompiled
+from jobs.admission import degrade
 from jobs.admission import summary as queue_summary
+from jobs.admission.degrade import Rung
 from jobs.admission.replay import Estimate, cap_of, estimate
 from jobs.models import GenerationJob
 from scheduling import costs as cost_model
@@ -154,12 +158,21 @@ def count_prompt_check(user) -> None:
         )
 
 
+class Admitted(NamedTuple):
+    steps: int
+    estimate: Estimate
+    rung: Rung | None = None  # the way down it was admitted on (jobs/admission/degrade.py); None: as asked
+
+
 def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bool, owner=None,
                      tier: int = policy.INTERACTIVE, rewrite: bool = False,
-                     degrade_steps: int = 0) -> tuple[int, Estimate]:
-    """The steps to run with (lowered when degrading, to the model's `degrade_steps`, else
-    IMAGEGEN_DEGRADE_STEPS) and the estimate, or Refused. A job whose prompt goes through the
-    rewriter waits one measured rewriter pass more (scheduling/costs.py)."""
+                     degrade_steps: int = 0, down: Callable[[], Sequence[Rung]] | None = None) -> Admitted:
+    """The steps to run with and the estimate, or Refused. Past the wait limit a job that allows
+    degrading goes down the first rung of `down()` whose own lane's wait is within 1.5x the limit
+    (jobs/admission/degrade.py: fewer steps, or the model's student, best measured quality first);
+    without `down`, fewer steps (the model's `degrade_steps`, else IMAGEGEN_DEGRADE_STEPS). A job
+    whose prompt goes through the rewriter waits one measured rewriter pass more
+    (scheduling/costs.py)."""
     extra = cost_model.recent_rewrite_seconds() if rewrite else 0.0
 
     def estimate_of(shape: str) -> Estimate:
@@ -180,13 +193,23 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
         )
     if est.eta_seconds is None or est.eta_seconds <= max_wait:
         _accepted(shape)
-        return steps, est
-    degraded_steps = degrade_steps or settings.IMAGEGEN_DEGRADE_STEPS
-    if allow_degrade and steps > degraded_steps:
-        degraded = estimate_of(shape_for_steps(degraded_steps))
-        if degraded.eta_seconds is not None and degraded.eta_seconds <= max_wait * 1.5:
-            _accepted(shape_for_steps(degraded_steps))
-            return degraded_steps, degraded
+        return Admitted(steps, est)
+    if allow_degrade:
+        if down is not None:
+            ladder = list(down())
+        else:
+            fewer = degrade_steps or settings.IMAGEGEN_DEGRADE_STEPS
+            ladder = [Rung("", fewer, 0.0, "", None, shape_for_steps(fewer))] if steps > fewer else []
+        estimates: dict[Rung, Estimate] = {}
+
+        def eta_of(rung: Rung) -> float | None:
+            estimates[rung] = e = estimate_of(rung.shape)
+            return e.eta_seconds if e.queued_images + images <= settings.IMAGEGEN_MAX_QUEUED_IMAGES else None
+
+        chosen = degrade.choose(ladder, eta_of, max_wait * 1.5)
+        if chosen is not None:
+            _accepted(chosen.shape)
+            return Admitted(chosen.steps, estimates[chosen], chosen)
     raise Refused(
         f"The estimated wait is {est.eta_seconds:.0f}s, over the {max_wait:.0f}s limit. "
         "Try again later, or send allow_degrade=true to accept fewer steps.",

@@ -65,15 +65,15 @@ class _Filling:
     started_in: float  # negative: seconds ago
 
 
-def _running(gpus: int, costs: dict, now: float) -> tuple[list[float], list[_Filling]]:
-    """Seconds until each live GPU is free (its running pass's measured time less the time it
+def _running(gpus: int, costs: dict, now: float, lane: str) -> tuple[list[float], list[_Filling]]:
+    """Seconds until each live GPU of `lane` is free (its running pass's measured time less the time it
     has run, then the pass of any batch it took ahead while this one runs; idle GPUs: 0), and
     the passes still waiting for more of their shape."""
     from jobs.models import Batch, GenerationJob
 
     batch_ids = set(GenerationJob.objects.filter(status="running").exclude(batch=None).values_list("batch_id", flat=True)[:1000])
     by_worker: dict[str, list] = {}
-    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None).order_by("started_at"):
+    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None, lane=lane).order_by("started_at"):
         by_worker.setdefault(batch.worker or str(batch.id), []).append(batch)
     remaining, filling = [], []
     for batches in by_worker.values():
@@ -98,13 +98,16 @@ def _fill_wait_of(shape: str) -> float:
     return scheduler.fill_wait_for(scheduler.parse_shape(shape)["model_version"])
 
 
-def _awaiting_prompt_check() -> list[tuple[str, policy.Entry]]:
-    """Admitted jobs whose prompt check has not finished: they enter the queue ahead of a new job."""
+def _awaiting_prompt_check(lane: str) -> list[tuple[str, policy.Entry]]:
+    """Admitted jobs of `lane` whose prompt check has not finished: they enter its queue ahead of
+    a new job. (Another lane's are not ahead: they go to other GPUs.)"""
     from jobs.models import GenerationJob
+    from scheduling import catalogue
 
     out = []
     recent = timezone.now() - timedelta(minutes=10)
-    for job in GenerationJob.objects.filter(stage__in=("prompt", "rewrite", "rewrite_check"), created_at__gte=recent).only(
+    for job in GenerationJob.objects.filter(stage__in=("prompt", "rewrite", "rewrite_check"), created_at__gte=recent,
+                                            model_version=catalogue.version_of_lane(lane)).only(
         "id", "owner_id", "model_version", "width", "height", "steps", "guidance_scale", "scheduler", "count",
         "created_at", "priority",
     )[:2000]:
@@ -197,7 +200,7 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
     queued_images = sum(e[1] for _, e in entries)
     target = job_id if job_id is not None and any(e[0] == job_id for _, e in entries) else NEW_JOB
     if enqueued_at is None:
-        for s, e in _awaiting_prompt_check():
+        for s, e in _awaiting_prompt_check(model_name):
             policy.push(buckets, s, e)
             entries.append((s, e))
     if target == NEW_JOB:
@@ -209,7 +212,7 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
     gpus = active_gpus(model_name)
     if gpus == 0:
         return Estimate(None, len(ahead), work_ahead, queued_images, 0)
-    free_in, filling = _running(gpus, costs, now)
+    free_in, filling = _running(gpus, costs, now, model_name)
     _sort(buckets)
     end = replay(buckets, free_in, target, now, costs, scheduler.arrival_rates(model_name, now), weights)
     if target == NEW_JOB and not any(s == shape for s, e in entries if e[0] != NEW_JOB):
@@ -238,7 +241,7 @@ def queued_ends(shape: str, model_name: str | None = None) -> dict[str, float]:
     targets = {e[0] for e in buckets[shape].entries()} if shape in buckets else set()
     if not targets or active_gpus(model_name) == 0:
         return {}
-    free_in, _ = _running(active_gpus(model_name), costs, now)
+    free_in, _ = _running(active_gpus(model_name), costs, now, model_name)
     overhead = cost_model.overhead(costs)
     ends = replay_all(buckets, free_in, targets, now, costs, scheduler.arrival_rates(model_name, now), weights)
     return {j: end + overhead for j, end in ends.items()}

@@ -13,6 +13,7 @@ from imagegen import metrics
 from imagegen.redis_client import batched as redis_batched
 from jobs import actions
 from jobs.admission import control as admission
+from jobs.admission import degrade
 from jobs.media import cache
 from jobs.models import GenerationJob
 from jobs.pipeline import rewrite, stages
@@ -81,13 +82,16 @@ def _submit(owner, data: dict) -> GenerationJob:
     if (len(cached) < job.count or cross_user) and (leader is None or joins_across):
         # A cross-user hit is admitted as the fresh job it must look like: the same estimate,
         # refusal or degradation, for all its images.
-        steps, job.estimate = admission.admit_or_degrade(
+        steps, job.estimate, rung = admission.admit_or_degrade(
             shape_for, job.count if cross_user else job.count - len(cached), job.steps, data.get("allow_degrade", False),
-            owner, scheduler.tier_of(job.priority), rewrite=job.rewrite, degrade_steps=_degrade_steps(job.model_version),
+            owner, scheduler.tier_of(job.priority), rewrite=job.rewrite, down=lambda: _ways_down(job),
         )
-        if steps != job.steps:
-            metrics.inc("imagegen_degraded_total")
+        if rung is not None:
+            # Degraded: fewer steps, or drawn by the model's student on its own lane (the job
+            # records the model that draws it, at the student's steps and guidance).
+            metrics.inc("imagegen_degraded_total", to="student" if rung.student else "steps")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
+            job.model_version, job.guidance_scale, job.scheduler = rung.model_version, rung.guidance_scale, rung.variant
             cached, cross_user = _usable(cache.lookup(job, shared), job.count)
             leader, joins_across = joinable()
     if leader is not None:
@@ -148,6 +152,13 @@ def _integration_fields(data: dict) -> dict:
         "deadline_at": timezone.now() + timedelta(seconds=cancel_after) if cancel_after else None,
         "webhook_url": data.get("webhook_url") or "",
     }
+
+
+def _ways_down(job: GenerationJob) -> list[degrade.Rung]:
+    """Fewer steps on the job's model, or its student, best measured quality first
+    (jobs/admission/degrade.py)."""
+    return degrade.rungs(job.model_version, job.width, job.height, job.steps, job.guidance_scale, job.scheduler,
+                         job.negative_prompt, _degrade_steps(job.model_version) or settings.IMAGEGEN_DEGRADE_STEPS)
 
 
 def _degrade_steps(version: str) -> int:
