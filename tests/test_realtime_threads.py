@@ -7,6 +7,8 @@ A real uvicorn process serves imagegen.asgi's application with two calls held at
 (tests/realtime_gated_asgi.py): alice's job check and carol's token lookup. While alice's is held,
 bob's websocket gets its handshake and its job's state, bob's SSE stream its first event, and
 carol's held lookup is entered beside alice's; then the gate opens and the held sockets go on.
+The hub's periodic re-read of a job's row (what ends a stream whose events were lost) is held the
+same way for one job, and another job's stream still gets its row's change by re-read.
 Every wait is on a condition (a file the held call touches, a frame, an event) with a deadline."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import httpx
 import pytest
 import websockets
 
+from jobs.models import FIRST_STAGE
 from scripts.procs import free_port, stop_group
 from tests.conftest import make_user, wait_until
 from tests.live_server import LiveServer
@@ -67,15 +70,22 @@ async def first_frame(server: LiveServer, job_id, token: str) -> dict:
         return json.loads(await ws.recv())
 
 
-async def first_sse_event(server: LiveServer, job_id, token: str) -> dict:
+async def sse_events(server: LiveServer, job_id, token: str, got: list[dict], until_status: str | None = None) -> list[dict]:
+    """The job's SSE events into `got`: its first only, or until the status `until_status`."""
     async with httpx.AsyncClient(timeout=None) as client:
         async with client.stream("GET", f"{server.url}/api/v1/jobs/{job_id}/events",
                                  headers={"Authorization": f"Token {token}"}) as response:
             assert response.status_code == 200, await response.aread()
             async for line in response.aiter_lines():
                 if line.startswith("data: "):
-                    return json.loads(line[len("data: "):])
-    raise AssertionError("the SSE stream ended without an event")
+                    got.append(json.loads(line[len("data: "):]))
+                    if until_status is None or got[-1].get("status") == until_status:
+                        return got
+    raise AssertionError(f"the SSE stream ended without the event waited for: {got}")
+
+
+async def first_sse_event(server: LiveServer, job_id, token: str) -> dict:
+    return (await sse_events(server, job_id, token, []))[0]
 
 
 async def beside(work, what: str):
@@ -129,3 +139,45 @@ def test_a_held_sync_call_on_one_websocket_stalls_no_other_socket_nor_an_sse_str
     assert seen["still held"]
     assert (seen["alice"]["status"], seen["alice"]["job"]) == ("queued", str(held_job.id))
     assert (seen["carol"]["status"], seen["carol"]["job"]) == ("queued", str(carols_job.id))
+
+
+def test_a_held_re_read_of_one_job_delays_no_other_jobs_re_read(worker_env, tmp_path):
+    """The hub re-reads each watched job's row every IMAGEGEN_WATCH_REREAD_SECONDS (how a stream
+    ends whose final event Redis lost). Alice's job's re-read is held; bob's job's row changes
+    with no event sent (a direct update), and his SSE stream still gets the change by re-read."""
+    from jobs.models import GenerationJob
+
+    alice, bob = make_user("alice"), make_user("bob")
+    held_job, bobs_job = make_job(alice), make_job(bob)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = {**worker_env, "IMAGEGEN_TEST_GATE_DIR": str(gate), "IMAGEGEN_TEST_HELD_REREAD_JOB": str(held_job.id),
+           "IMAGEGEN_WATCH_REREAD_SECONDS": "0.3"}
+    server = start_gated_server(env, tmp_path)
+
+    async def scenario() -> tuple[list[dict], bool]:
+        alices = asyncio.create_task(sse_events(server, held_job.id, alice.auth_token.key, [], until_status="cancelled"))
+        bobs_events: list[dict] = []
+        bobs = None
+        try:
+            await asyncio.to_thread(wait_until, lambda: (gate / "reread.entered").exists(), 60, "alice's job's re-read held")
+            bobs = asyncio.create_task(sse_events(server, bobs_job.id, bob.auth_token.key, bobs_events, until_status="cancelled"))
+            await asyncio.to_thread(wait_until, lambda: bobs_events, 60, "bob's stream's first event")
+            # No event is published: only a re-read of the row can tell bob's stream.
+            await asyncio.to_thread(lambda: GenerationJob.objects.filter(id=bobs_job.id).update(stage=FIRST_STAGE["cancelled"],
+                                                                                          status="cancelled"))
+            await beside(bobs, "the re-read of bob's job")
+            return bobs_events, not alices.done()
+        finally:
+            (gate / "open").touch()
+            for task in (alices, bobs):
+                if task is not None and not task.done():
+                    task.cancel()
+            await asyncio.gather(*(t for t in (alices, bobs) if t is not None), return_exceptions=True)
+
+    try:
+        bobs_events, still_held = asyncio.run(scenario())
+    finally:
+        stop_group(server.proc, 10)
+    assert [e["status"] for e in bobs_events] == ["queued", "cancelled"], bobs_events
+    assert still_held

@@ -7,6 +7,7 @@ import contextvars
 import logging
 import time
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import cast
 
@@ -76,8 +77,7 @@ def owned_job(user, job_id) -> GenerationJob | None:
     return GenerationJob.objects.visible().filter(id=job_id, owner=user).first()
 
 
-@database_sync_to_async
-def current_events(job_id, status_only: bool = False) -> list[dict]:
+def _current_events(job_id, status_only: bool = False) -> list[dict]:
     """The status from the database row, then the latest progress while it runs."""
     job = GenerationJob.objects.prefetch_related("images").filter(id=job_id).first()
     if job is None:  # deleted meanwhile: nothing to replay, the stream ends
@@ -91,6 +91,19 @@ def current_events(job_id, status_only: bool = False) -> list[dict]:
         if last and last.get("type") == "progress":
             events.append(last)
     return events
+
+
+current_events = database_sync_to_async(_current_events)
+
+# The hub's periodic re-reads (_Reader._reread) belong to no request or handler, so asgiref ran
+# them on its one thread per process: one job's slow read held every other job's. They run on a
+# small pool of their own (plain autocommit reads: any thread will do; each keeps its database
+# connection as CONN_MAX_AGE says), so a slow one takes one thread of it, and no route's.
+REREAD_THREADS = 4
+reread_events = database_sync_to_async(
+    _current_events, thread_sensitive=False,
+    executor=ThreadPoolExecutor(max_workers=REREAD_THREADS, thread_name_prefix="job-reread"),
+)
 
 
 TERMINAL = frozenset({"done", "blocked", "failed", "cancelled", "deleted"})
@@ -234,7 +247,7 @@ class _Reader:
             await asyncio.sleep(settings.IMAGEGEN_WATCH_REREAD_SECONDS)
             seen = self.live_events
             try:
-                events = await current_events(self.job_id, status_only=True)
+                events = await reread_events(self.job_id, status_only=True)
             except asyncio.CancelledError:
                 raise
             except Exception:  # the database is away: try again next time

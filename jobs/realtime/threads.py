@@ -13,6 +13,9 @@ thread while it only forwards events. The step's thread opens its own database c
 connection is per thread), so the step closes it before the thread goes; persistent connections
 (CONN_MAX_AGE) would otherwise stay open until the garbage collector found them.
 
+The hub's periodic re-reads, which belong to no step, run on a small pool of their own
+(jobs/realtime/state.py, `reread_events`). Nothing of the event streams is left on the shared thread.
+
 Where a sync caller drives the event loop (a test's `async_to_sync`), asgiref runs every
 thread-sensitive call on that caller's thread whatever the context says, as before: its
 database transaction stays visible, and no thread is made here, so there is nothing to close.
