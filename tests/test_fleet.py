@@ -70,9 +70,12 @@ def page_through_the_load_balancer(fleet, tries: int = 4) -> dict:
         return {"skipped": "playwright is not installed"}
     started = time.monotonic()
     name, password = "page-visitor", secrets.token_hex(12)
-    fleet.python("beat", "from django.contrib.auth import get_user_model\n"
-                         f"get_user_model().objects.create_user({name!r}, password={password!r})\n")
     seen: dict = {"errors": [], "failed_requests": [], "jobs": []}
+    try:
+        fleet.python("beat", "from django.contrib.auth import get_user_model\n"
+                             f"get_user_model().objects.create_user({name!r}, password={password!r})\n")
+    except Exception as exc:  # an operator's one-off failed: reported like the page's failures
+        return {**seen, "error": f"could not make the visitor's account: {exc}"[:2000]}
     settled = "['done', 'blocked', 'failed', 'cancelled', 'review'].includes(document.getElementById('current-status').dataset.status)"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, "--no-proxy-server"], headless=True)
