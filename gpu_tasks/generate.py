@@ -73,16 +73,16 @@ class Claimed:
         return {str(job.id): job.attempts for job in self.jobs}
 
 
-def take_and_claim(lane: str) -> Claimed | None:
+def take_and_claim(lane: str, fill_wait: float | None = None) -> Claimed | None:
     """Take a batch from the scheduler and claim it at once; a partial batch then waits at most
-    FILL_WAIT for more of its shape, claiming each arrival as it is taken. (Claiming right after
+    FILL_WAIT (or `fill_wait`) for more of its shape, claiming each arrival as it is taken. (Claiming right after
     taking keeps the window in which a job is neither in Redis nor running to milliseconds, so
     the reaper's rebuild does not re-enqueue work that a worker is about to run.)"""
     while True:
         taken = scheduler.take(lane)
         if taken is None:
             return None
-        claimed = _claim_taken(lane, taken)
+        claimed = _claim_taken(lane, taken, fill_wait)
         if claimed is not None:
             return claimed
         # Every entry taken was stale (its job deleted, cancelled or running already): the token
@@ -90,7 +90,7 @@ def take_and_claim(lane: str) -> Claimed | None:
         # token. Each take removes what it took, so this ends when the queue does.
 
 
-def _claim_taken(lane: str, taken: scheduler.Taken) -> Claimed | None:
+def _claim_taken(lane: str, taken: scheduler.Taken, fill_wait: float | None = None) -> Claimed | None:
     shape = taken.shape
     info = scheduler.parse_shape(shape)
     cap = scheduler.cap_for(info["width"], info["height"], info["model_version"])
@@ -115,7 +115,7 @@ def _claim_taken(lane: str, taken: scheduler.Taken) -> Claimed | None:
     if not jobs:  # nothing live among what was taken: no fill wait for a batch that has no job
         actions.drop_unclaimed_batch(batch.id)
         return None
-    deadline = time.monotonic() + scheduler.fill_wait_for(info["model_version"])
+    deadline = time.monotonic() + (scheduler.fill_wait_for(info["model_version"]) if fill_wait is None else fill_wait)
     while sum(counts.values()) < cap and time.monotonic() < deadline:
         time.sleep(0.02)
         more = scheduler.take(lane, only_shape=shape, max_images=cap - sum(counts.values()))
@@ -145,7 +145,8 @@ class Denoised:
     images: list[Image.Image] | None  # None: every job was cancelled mid-pass
     cancelled: set[str]
     pass_started: float  # time.time()
-    seconds: float
+    seconds: float  # on the device: the time it waited paused (`paused`) is not in it
+    paused: float = 0.0
 
 
 @dataclass
@@ -172,6 +173,7 @@ class Runner:
         self._lock = threading.Lock()
         self._held: dict[str, set[str]] = {}  # batch id -> job ids waiting (claimed ahead, or in the hand-off)
         self._current: _Current | None = None
+        self._paused: list[str] = []  # jobs of a batch-tier pass waiting at a step boundary (preemption)
         self._previews = PreviewGate()
         self._stopping = threading.Event()
         self._writer = threading.Thread(target=self._write_loop, name=f"handoff-{lane}", daemon=True)
@@ -195,7 +197,7 @@ class Runner:
                 claimed = take_and_claim(self.lane)
         return ran
 
-    def _denoise(self, claimed: Claimed, take_ahead: bool) -> None:
+    def _denoise(self, claimed: Claimed, take_ahead: bool, nested: bool = False) -> None:
         batch, jobs = claimed.batch, claimed.jobs
         have = set(GeneratedImage.objects.filter(job__in=jobs).values_list("job_id", "index"))  # cache hits
         rows = [
@@ -218,6 +220,11 @@ class Runner:
                 return
         rows = _steered(model, catalogue.get(catalogue.version_of_lane(self.lane)), rows, jobs)
         job_ids = [str(job.id) for job in jobs]
+        # A pass of batch-tier jobs only gives way to interactive work at a step boundary; a pass
+        # run while another waits (nested) never pauses itself.
+        preemptible = (settings.IMAGEGEN_PREEMPTION and not nested and all(job.priority == "batch" for job in jobs)
+                       and getattr(model, "can_pause", lambda: False)())
+        paused_seconds = 0.0
         cancelled: set[str] = set()
         first_row: dict[str, int] = {}  # each job's preview shows its first image
         for i, row in enumerate(rows):
@@ -233,9 +240,12 @@ class Runner:
         started = time.monotonic()
 
         def on_step(step: int, total: int, latents) -> bool:
-            nonlocal last_preview, asked_ahead
+            nonlocal last_preview, asked_ahead, paused_seconds
+            waiting = False
             try:
-                cancelled.update(scheduler.cancelled_among([j for j in job_ids if j not in cancelled]))
+                newly, waiting = scheduler.step_check([j for j in job_ids if j not in cancelled],
+                                                      self.lane if preemptible and step < total else None)
+                cancelled.update(newly)
             except RedisError:
                 pass  # Redis is away: keep denoising; cancels are seen when it is back (or at publish)
             live = [j for j in job_ids if j not in cancelled]
@@ -245,8 +255,19 @@ class Runner:
             current.step, current.progressed_at, current.job_ids = step, now, live
             for job_id in live:
                 events.publish(job_id, {"type": "progress", "step": step, "total": total})
+            if waiting:
+                paused_seconds += self._pause_for_interactive(model, current, step, total)
+                try:  # a job cancelled while its pass waited stops here
+                    cancelled.update(scheduler.cancelled_among(live))
+                except RedisError:
+                    pass
+                live = [j for j in job_ids if j not in cancelled]
+                if not live:
+                    return True
+                now = time.monotonic()
+                current.progressed_at, current.job_ids = now, live
             if take_ahead and not asked_ahead and step < total:
-                remaining = (now - started) / step * (total - step)
+                remaining = (now - started - paused_seconds) / step * (total - step)
                 if remaining <= scheduler.fill_wait_for(batch.model_version) + PREFETCH_MARGIN:
                     asked_ahead = True
                     self._take_ahead()
@@ -280,15 +301,56 @@ class Runner:
             self._clear_current()
             for job in jobs:
                 actions.fail_running(job, f"generation failed: {type(exc).__name__}: {exc}")
-            _close_pass(batch, 0, time.monotonic() - started, pass_started)
+            _close_pass(batch, 0, time.monotonic() - started - paused_seconds, pass_started, paused_seconds)
             actions.close_empty(batch.id)
             return
-        seconds = time.monotonic() - started
+        seconds = time.monotonic() - started - paused_seconds
         self._previews.forget(job_ids)
         with self._lock:
             self._held[str(batch.id)] = set(job_ids) - cancelled
             self._current = None
-        self._handoff.put(Denoised(claimed, rows, images, cancelled, pass_started, seconds))  # waits when full
+        self._handoff.put(Denoised(claimed, rows, images, cancelled, pass_started, seconds, paused_seconds))  # waits when full
+
+    def _pause_for_interactive(self, model, paused: _Current, step: int, total: int) -> float:
+        """Preemption at a step boundary: the batch-tier pass `paused` waits after `step` (its
+        latents, generators and scheduler state kept: `model.paused()`) while the interactive
+        work waiting for this lane runs, pass after pass, each taken without a fill wait (the
+        device would idle through it), for as long as interactive work waits and at most the
+        starvation bound. Returns the seconds it waited. Its jobs' leases are renewed meanwhile
+        (while the passes run make progress); a worker killed now loses them to the reaper, which
+        requeues them as for any killed pass: they run again from their seeds."""
+        began = time.monotonic()
+        with self._lock:
+            self._paused = list(paused.job_ids)
+        for job_id in paused.job_ids:
+            events.publish(job_id, {"type": "paused", "step": step, "total": total})
+        passes = 0
+        try:
+            with model.paused():
+                while not self._stopping.is_set() and time.monotonic() - began < settings.IMAGEGEN_STARVATION_SECONDS:
+                    try:
+                        claimed = take_and_claim(self.lane, fill_wait=0.0)
+                    except (RedisError, DatabaseError):
+                        log.warning("taking the interactive work failed; the paused pass resumes", exc_info=True)
+                        break
+                    if claimed is None:  # another worker took it first
+                        break
+                    self._denoise(claimed, take_ahead=False, nested=True)
+                    passes += 1
+                    try:
+                        if not scheduler.interactive_waiting(self.lane):
+                            break
+                    except RedisError:
+                        break
+        finally:
+            with self._lock:
+                self._paused = []
+                self._current = paused
+            paused.progressed_at = time.monotonic()
+        seconds = time.monotonic() - began
+        log.info("a batch-tier pass waited %.2f s at step %d of %d for %d interactive pass(es)", seconds, step, total,
+                 passes, extra={"stage": "generate"})
+        return seconds
 
     def _clear_current(self) -> None:
         with self._lock:
@@ -325,12 +387,15 @@ class Runner:
             with self._lock:
                 waiting = [j for ids in self._held.values() for j in ids]
                 current = self._current
+                paused = list(self._paused)
             try:
                 close_old_connections()
                 if waiting:
                     actions.renew_leases(waiting)
                 if current is not None and time.monotonic() - current.progressed_at < lease:
                     actions.renew_leases(current.job_ids, progress_step=current.step)
+                if paused and (current is None or time.monotonic() - current.progressed_at < lease):
+                    actions.renew_leases(paused)  # waiting for the passes that preempted it, which progress
             except Exception:
                 log.warning("renewing leases failed", exc_info=True)
 
@@ -356,7 +421,7 @@ class Runner:
 
     def _hand_off(self, item: Denoised) -> None:
         batch = item.claimed.batch
-        _close_pass(batch, len(item.rows) if item.images is not None else 0, item.seconds, item.pass_started)
+        _close_pass(batch, len(item.rows) if item.images is not None else 0, item.seconds, item.pass_started, item.paused)
         if item.images is None:
             actions.close_empty(batch.id)
             return
@@ -490,9 +555,10 @@ def _retry_db(operation):
             delay = min(delay * 2, 10.0)
 
 
-def _close_pass(batch: Batch, images: int, seconds: float, pass_started: float) -> None:
-    """The pass is over: its GPU-seconds on the batch row, the cost model, the metrics."""
-    actions.pass_finished(batch.id, seconds, _at(pass_started + seconds))
+def _close_pass(batch: Batch, images: int, seconds: float, pass_started: float, paused: float = 0.0) -> None:
+    """The pass is over: its GPU-seconds on the batch row, the cost model, the metrics (`seconds`
+    on the device; a pass that waited `paused` seconds for interactive work ended that much later)."""
+    actions.pass_finished(batch.id, seconds, _at(pass_started + seconds + paused))
     heartbeats.record_busy(pass_started, pass_started + seconds)
     metrics.inc("imagegen_batches_total", model=batch.model_version)
     metrics.inc("imagegen_gpu_seconds_total", seconds, worker=WORKER_ID)

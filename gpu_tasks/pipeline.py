@@ -11,6 +11,8 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +198,33 @@ class LoadedModel:
         if stopped:
             return None
         return list(out.images)
+
+    def can_pause(self) -> bool:
+        """Whether a pass may wait at a step boundary while other passes run on this pipeline
+        (preemption, gpu_tasks/generate.py). Not with a step cache: its hooks carry state from
+        one step to the next, which every pass resets at its start."""
+        return settings.IMAGEGEN_STEP_CACHE == "off"
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside, the pass whose step callback entered waits at its step boundary and other
+        passes run on the same pipeline. The waiting pass keeps its latents, generators and
+        embeddings on its own stack; what it keeps on the pipeline is put back on the way out:
+        its scheduler (timesteps, step index, a multistep solver's history; the passes inside
+        get a fresh one from the same config, as a pass on a just-loaded pipeline would) and
+        the call's attributes (`_guidance_scale`, which a CFG cutoff lowers, `_interrupt`,
+        `_num_timesteps`, ...)."""
+        pipe = self.pipe
+        attributes = {k: v for k, v in vars(pipe).items() if k.startswith("_") and not k.startswith("__")}
+        scheduler = pipe.scheduler
+        pipe.scheduler = type(scheduler).from_config(scheduler.config)
+        try:
+            yield
+        finally:
+            pipe.scheduler = scheduler
+            for name in [k for k in vars(pipe) if k.startswith("_") and not k.startswith("__") and k not in attributes]:
+                delattr(pipe, name)
+            vars(pipe).update(attributes)
 
     def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
         """Small pictures (at most PREVIEW_MAX_SIDE on the long side) approximating what the rows

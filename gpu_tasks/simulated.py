@@ -22,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 from django.conf import settings
@@ -84,7 +86,20 @@ class SimulatedModel:
                 time.sleep(delay)
             if on_step is not None and on_step(step, steps, rows):
                 return None
+            if time.monotonic() > deadline + per_step:
+                # The callback held the pass longer than a step (paused while another pass ran,
+                # gpu_tasks/generate.py): the device sat idle meanwhile, so the next step starts now.
+                # (A shorter callback overlaps the next step, as a real device's queued work does.)
+                deadline = time.monotonic()
         return out
+
+    def can_pause(self) -> bool:
+        return True
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """A waiting pass keeps all of its state on its own stack here."""
+        yield
 
     def preview_images(self, latents, row_indices: list[int], width: int, height: int) -> list[Image.Image]:
         rows = latents  # the simulated loop hands its rows in place of latents

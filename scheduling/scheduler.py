@@ -448,6 +448,46 @@ def queued_entries(model: str) -> dict[str, list[tuple[str, int, float]]]:
             for shape, bucket in buckets.items()}
 
 
+# KEYS: the pass's jobs' cancel flags, then the lane's set of shapes. ARGV[1]: the key prefix.
+# Returns the flags that are set (1/0 each), then 1 when any shape of the lane has an interactive
+# entry waiting: what a GPU worker running a batch-tier pass asks at each step, in one round trip.
+_STEP_CHECK_LUA = """
+local out = {}
+for i = 1, #KEYS - 1 do
+  if redis.call('EXISTS', KEYS[i]) == 1 then out[i] = 1 else out[i] = 0 end
+end
+local waiting = 0
+for _, shape in ipairs(redis.call('SMEMBERS', KEYS[#KEYS])) do
+  if redis.call('ZCARD', ARGV[1] .. 'q:' .. shape) > 0 then
+    waiting = 1
+    break
+  end
+end
+out[#KEYS] = waiting
+return out
+"""
+_step_script = None
+
+
+def step_check(job_ids: list[str], lane: str | None) -> tuple[set[str], bool]:
+    """What a running pass asks at a step boundary: which of its jobs were cancelled, and (with
+    `lane`: a batch-tier pass that may be preempted) whether interactive work waits in any bucket
+    of the lane. One round trip either way."""
+    global _step_script
+    if lane is None:
+        return cancelled_among(job_ids), False
+    r = get_redis()
+    if _step_script is None:
+        _step_script = r.register_script(_STEP_CHECK_LUA)
+    replies = _step_script(keys=[*(f"{PREFIX}cancel:{j}" for j in job_ids), _shapes_key(lane)], args=[PREFIX], client=r)
+    return {j for j, flag in zip(job_ids, replies, strict=False) if flag}, bool(replies[-1])
+
+
+def interactive_waiting(lane: str) -> bool:
+    """Whether interactive work waits in any bucket of the lane."""
+    return step_check([], lane)[1]
+
+
 def set_cancel_flag(job_id: str) -> None:
     get_redis().set(f"{PREFIX}cancel:{job_id}", "1", ex=24 * 3600)
 

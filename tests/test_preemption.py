@@ -158,6 +158,15 @@ def warm(api, lane: str = LANE) -> None:
     wait_for_status(submit(api, lane, seed=4000), ("done",), timeout=120)
 
 
+def first_step(watcher: Watcher) -> None:
+    """The watched job's pass has made its first step (else: where the job is, in the failure)."""
+    try:
+        watcher.wait_step(1, timeout=120)
+    except AssertionError:
+        job = GenerationJob.objects.get(id=watcher.job_id)
+        raise AssertionError(f"job {job.id} never stepped: {job.status}/{job.stage} {job.reason!r}") from None
+
+
 def running_pass(job_id) -> Batch:
     return wait_until(
         lambda: Batch.objects.filter(jobs__id=job_id, pass_started_at__isnull=False).first(),
@@ -173,7 +182,7 @@ def test_an_interactive_job_behind_a_batch_tier_pass_starts_within_a_step_and_th
     body = {"prompt": "a yellow triangle", "steps": BATCH_STEPS, "seed": 71}
     batch_job, watcher = watched(alice_api, **body)
     try:
-        watcher.wait_step(1, timeout=120)
+        first_step(watcher)
         interactive = submit(alice_api, prompt="a blue square", seed=72)
         done = wait_for_status(interactive, ("done",), timeout=120)
         wait_for_status(batch_job, ("done",), timeout=180)
@@ -212,7 +221,7 @@ def test_a_batch_tier_job_cancelled_while_its_pass_waits_ends_cancelled_and_its_
     warm(alice_api)
     batch_job, watcher = watched(alice_api, prompt="a white circle", steps=BATCH_STEPS, seed=81)
     try:
-        watcher.wait_step(1, timeout=120)
+        first_step(watcher)
         # Interactive work that holds the GPU until this test has seen what it waits for.
         holder = submit(alice_api, prompt="a black square", steps=BATCH_STEPS, seed=82)
         wait_until(lambda: any(e["type"] == "paused" for _, e in watcher.events), timeout=60, what="the pause")
@@ -239,11 +248,19 @@ def test_a_worker_killed_while_its_batch_tier_pass_waits_loses_nothing(workers, 
     lane = "preemptkill"
     victim = start_worker("gpu-preemptkill", f"{settings.QUEUE_GPU_PREFIX}{lane}", IMAGEGEN_MODEL_NAME=lane)
     warm(alice_api, lane)
-    batch_job, watcher = watched(alice_api, lane, prompt="a green heart", steps=100, seed=91, count=2)
+    batch_job, watcher = watched(alice_api, lane, prompt="a green circle", steps=100, seed=91, count=2)
     try:
-        watcher.wait_step(1, timeout=120)
-        interactive = submit(alice_api, lane, prompt="a purple star", steps=BATCH_STEPS, seed=92)
-        wait_until(lambda: any(e["type"] == "paused" for _, e in watcher.events), timeout=60, what="the pause")
+        first_step(watcher)
+        interactive = submit(alice_api, lane, prompt="a purple square", steps=BATCH_STEPS, seed=92)
+        try:
+            wait_until(lambda: any(e["type"] == "paused" for _, e in watcher.events), timeout=60, what="the pause")
+        except AssertionError:
+            rows = list(GenerationJob.objects.filter(id__in=[batch_job, interactive]).values_list(
+                "id", "status", "stage", "priority", "batch_id", "scheduled_at", "reason"))
+            batches = list(Batch.objects.filter(jobs__id__in=[batch_job, interactive]).values_list(
+                "id", "size", "pass_started_at", "finished_at"))
+            raise AssertionError(f"no pause: {rows} {batches} steps {watcher.steps()[-3:]}\n"
+                                 f"{victim.log_path.read_text()[-4000:]}") from None
         inner = running_pass(interactive)
         assert Batch.objects.get(id=inner.id).finished_at is None, "the interactive pass ended before the kill"
         victim.kill()
