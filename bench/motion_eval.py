@@ -259,13 +259,17 @@ def contact_sheet(clips: list[np.ndarray], rows: list[dict], path: Path, every: 
 
 
 # ----------------------------------------------------------------------------- runs
-def validate(n: int) -> dict:
-    """The judges on ground-truth clips: training's triples and held-out ones alike."""
+def validate(n: int, vae=None) -> dict:
+    """The judges on ground-truth clips (training's triples and held-out ones alike), or on their
+    round trip through ``vae`` (what the decoder alone does to corners and edges)."""
     rows = []
     for i in range(n):
         rng = np.random.default_rng([VALIDATION_SEED, i])
         gt = motion_data.random_clip(rng, held_out=bool(i % 4 == 0))
-        rows.append(judge_clip(motion_data.render_clip(gt), want_of(gt)))
+        frames = motion_data.render_clip(gt)
+        if vae is not None:
+            frames = np.stack([np.asarray(im) for im in geometry.vae_round_trip(vae, [Image.fromarray(f) for f in frames])])
+        rows.append(judge_clip(frames, want_of(gt)))
     return {"summary": summarise(rows), "failures": [r for r in rows if not r["motion_ok"]][:10]}
 
 
@@ -299,10 +303,13 @@ def main(argv=None):
     command = "python bench/motion_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
     outdir = ROOT / "bench" / "results"
     if args.validate:
+        from diffusers import AutoencoderKL
+
+        vae = AutoencoderKL.from_pretrained(args.base, subfolder="vae").float().eval()
         res = {"command": command, "clips": f"{args.n} ground-truth clips of training/motion_data.py, seed {VALIDATION_SEED}",
-               **validate(args.n)}
+               "ground_truth": validate(args.n), f"vae_round_trip:{args.base}": validate(args.n, vae)}
         (outdir / (args.results or "motion_judge_validation.json")).write_text(json.dumps(res, indent=1))
-        print(json.dumps(res["summary"], indent=1))
+        print(json.dumps({k: v["summary"] for k, v in res.items() if isinstance(v, dict)}, indent=1))
         return
     import torch
 
