@@ -88,3 +88,8 @@ def test_the_shipped_adapter_makes_16_frames_of_64x64_in_animatediff_pipeline(pi
     frames = np.asarray(out.frames[0])
     assert frames.shape == (16, 64, 64, 3)
     assert np.isfinite(frames).all()
+
+
+def test_the_shipped_motion_model_stays_under_its_size_bound():
+    size = sum(f.stat().st_size for f in MOTION_DIR.rglob("*") if f.is_file())
+    assert 0 < size <= 16 * 1024 * 1024, size   # README: models/shapes-v2-motion <= 16 MB
