@@ -199,7 +199,9 @@ def admit_or_degrade(shape_for_steps, images: int, steps: int, allow_degrade: bo
             ladder = list(down())
         else:
             fewer = degrade_steps or settings.IMAGEGEN_DEGRADE_STEPS
-            ladder = [Rung("", fewer, 0.0, "", None, shape_for_steps(fewer))] if steps > fewer else []
+            info = scheduler.parse_shape(shape_for_steps(fewer))
+            ladder = [Rung(info["model_version"], fewer, info["guidance_scale"], info["scheduler"], None,
+                           shape_for_steps(fewer))] if steps > fewer else []
         estimates: dict[Rung, Estimate] = {}
 
         def eta_of(rung: Rung) -> float | None:
