@@ -105,10 +105,14 @@
   // event) keeps what is there, an open Verify panel included.
   function showImages(job) {
     const box = $("results");
-    const key = (job.images || []).map((image) => image.id).join(",");
+    const clip = Array.isArray(job.videos) && job.videos.length ? job.videos[0] : null;
+    const key = (job.images || []).map((image) => image.id).join(",") + (clip ? `|${clip.url}` : "");
     if (box.dataset.images === key && box.children.length) return;
     box.dataset.images = key;
+    window.imagegen.video.release(box);
     box.replaceChildren();
+    // A video job: its clip plays here (video.js), its frames are not shown one by one.
+    if (clip && window.imagegen.video.show(box, job)) { show($("preview-figure"), false); return; }
     for (const image of job.images || []) {
       const src = safeSrc(image.url);
       if (!src) continue;
@@ -185,6 +189,7 @@
   }
 
   function clearImages() {
+    window.imagegen.video.release($("results"));
     $("results").replaceChildren();
     delete $("results").dataset.images;
   }

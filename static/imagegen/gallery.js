@@ -52,6 +52,9 @@
           width: String(image.width), height: String(image.height),
         }));
       }
+    } else if (window.imagegen.video.posterOf(job)) {
+      thumbs.classList.add("poster");
+      thumbs.appendChild(el("img", { src: window.imagegen.video.posterOf(job), alt: `${job.prompt} (video)`, loading: "lazy" }));
     } else if (job.status === "running") {
       progressText(thumbs, stepOf(job), job.progress.total || job.steps);
     } else {
@@ -90,6 +93,8 @@
       info.appendChild(files);
     } else {
       info.appendChild(el("small", { class: "seed" }, `seed ${job.seed}`));
+      const mp4 = Array.isArray(job.videos) && job.videos.length ? safeSrc(job.videos[0].url) : "";
+      if (mp4) info.appendChild(el("a", { href: mp4, download: window.imagegen.video.downloadName(job), class: "download" }, "Download MP4"));
     }
     const actions = el("div", { class: "tile-actions" });
     const reuse = el("button", { type: "button", class: "link reuse" }, "Reuse settings");
