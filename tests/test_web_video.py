@@ -24,6 +24,7 @@ from tests.test_web_states import errors  # noqa: F401  (the fixture)
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 FPS = 8
+ELSEWHERE = "http://media.elsewhere.invalid"
 PROMPT = "a red square moving left to right on a blue background"
 API = re.compile(r"/api/v1/jobs(\?.*|/[0-9a-f-]{36})$")
 MEDIA = re.compile(r"/media/v/[0-9a-f-]{36}/([a-z0-9_/.]+)$")
@@ -59,6 +60,12 @@ def videos_entry(job: GenerationJob, files: dict[str, video.MediaFile]) -> list[
     return [{"url": base + mp4.name, "poster_url": base + "poster.png", "playlist_url": base + "hls/master.m3u8",
              "sprites_url": base + "sprites.png", "width": 256, "height": 256, "frames": frames, "fps": FPS,
              "seconds": frames / FPS, "content_type": mp4.content_type}]
+
+
+def foreign(playlist: video.MediaFile) -> video.MediaFile:
+    """The playlist with its segments on a host the page was not told of."""
+    text = re.sub(r"^seg_", f"{ELSEWHERE}/seg_", playlist.data.decode(), flags=re.M)
+    return video.MediaFile(playlist.name, text.encode())
 
 
 def serve_the_missing_backend(page, job, files) -> list[str]:
@@ -102,6 +109,7 @@ def serve_the_missing_backend(page, job, files) -> list[str]:
     pytest.param("native HLS", NO_MEDIA_SOURCE, "native", None, id="native"),
     pytest.param("MP4 only", NO_HLS, "mp4", None, id="mp4"),
     pytest.param("hls.js lost", "", "mp4", "hls.js", id="hls.js-lost"),
+    pytest.param("a playlist naming another host", "", "mp4", "hls.js", id="foreign-segment"),
 ])
 def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     daphne_server, alice, browser_page, errors, clip_files, browser_kind, init, player, fallback,  # noqa: F811
@@ -111,10 +119,16 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     if init:
         page.add_init_script(init)
     scripts: list[str] = []
+    elsewhere: list[str] = []
     page.on("request", lambda request: scripts.append(request.url) if "hls.light" in request.url else None)
-    if fallback:
+    page.on("request", lambda request: elsewhere.append(request.url) if ELSEWHERE in request.url else None)
+    if browser_kind == "hls.js lost":
         page.route(re.compile(r"hls\.light\.min\.js$"), lambda route: route.fulfill(status=404, body=""))
-    asked = serve_the_missing_backend(page, job, clip_files)
+    files = clip_files
+    if browser_kind == "a playlist naming another host":
+        files = {**files, "hls/hi/index.m3u8": foreign(files["hls/hi/index.m3u8"]),
+                 "hls/lo/index.m3u8": foreign(files["hls/lo/index.m3u8"])}
+    asked = serve_the_missing_backend(page, job, files)
     sign_in(page, daphne_server, alice)
 
     # The gallery's tile: the poster, decoded; a click makes the job the current one.
@@ -134,9 +148,11 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
       return {player: v.dataset.player, fallback: v.dataset.fallback || null, muted: v.muted, loop: v.loop,
               controls: v.controls, playsinline: v.hasAttribute("playsinline"), src: v.currentSrc,
               poster: v.getAttribute("poster"), posterWidth: poster.naturalWidth, width: v.videoWidth,
-              rendering: getComputedStyle(v).imageRendering, error: v.error && v.error.code};
+              rendering: getComputedStyle(v).imageRendering, error: v.error && v.error.code,
+              refused: v.dataset.refused || null};
     }""")
     assert (state["player"], state["fallback"]) == (player, fallback), (browser_kind, state)
+    assert state["refused"] == ("foreign" if files is not clip_files else None), state
     assert state["error"] is None and state["width"] in (128, 256), state
     assert state["muted"] and state["loop"] and state["controls"] and state["playsinline"], state
     assert state["poster"] == f"/media/v/{job.id}/poster.png" and state["posterWidth"] == 256
@@ -147,6 +163,7 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
 
     # What was fetched says which path played: segments for HLS, the file itself for the MP4;
     # hls.js only where it was used (or tried).
+    assert elsewhere == []
     segments = [name for name in asked if name.endswith(".m4s")]
     if player in ("hls.js", "native"):
         assert segments and "video.mp4" not in asked, asked

@@ -3,7 +3,8 @@
 // hls.js (vendored, loaded only when a clip needs it: 380 KB that an image-only page never
 // fetches), else the MP4 download itself. Every URL passes the page's safeSrc rule (this origin
 // or a configured media origin). The path taken is the video's `data-player` ("native",
-// "hls.js", "mp4"), and `data-fallback` says what failed before it.
+// "hls.js", "mp4"), `data-fallback` says what failed before it, and `data-refused="foreign"`
+// that a playlist named a file outside those origins.
 (function () {
   "use strict";
   const { el, safeSrc } = window.imagegen;
@@ -25,6 +26,13 @@
       });
     }
     return hlsLoaded;
+  }
+
+  function allowed(url) {
+    try {
+      if (new URL(url, location.href).origin === location.origin) return true;
+    } catch (e) { return false; }
+    return Boolean(safeSrc(url));
   }
 
   function nativeHls(video) {
@@ -52,17 +60,32 @@
     try { Hls = await loadHls(); } catch (e) { playMp4(video, mp4, "hls.js"); return; }
     if (!video.isConnected) return; // the card went while hls.js loaded
     if (!Hls.isSupported()) { playMp4(video, mp4); return; }
-    const hls = new Hls({ enableWorker: false });
+    // The playlists name their segments: each request passes the same rule as the page's own
+    // URLs (hls.js hands them over resolved, so this origin's come absolute), or fails, and a
+    // fatal failure falls back to the MP4.
+    const hls = new Hls({
+      enableWorker: false,
+      xhrSetup: (xhr, url) => { if (!allowed(url)) throw new Error(`not a media origin: ${url}`); },
+    });
     players.set(video, hls);
     video.dataset.player = "hls.js";
-    hls.on(Hls.Events.ERROR, (_event, data) => {
-      if (!data.fatal) return;
+    const fail = (why) => {
+      if (players.get(video) !== hls) return;
+      if (why) video.dataset.refused = why;
       hls.destroy();
       players.delete(video);
       playMp4(video, mp4, "hls.js");
-    });
-    hls.on(Hls.Events.MANIFEST_PARSED, () => {
+    };
+    // A playlist that names a file elsewhere is refused at once (its requests would only fail).
+    const foreign = (urls) => urls.some((url) => typeof url === "string" && !allowed(url));
+    hls.on(Hls.Events.ERROR, (_event, data) => { if (data.fatal) fail(); });
+    hls.on(Hls.Events.MANIFEST_PARSED, (_event, data) => {
+      if (foreign(data.levels.map((level) => level.url))) { fail("foreign"); return; }
       video.play().catch(() => { /* autoplay refused: the controls are there */ });
+    });
+    hls.on(Hls.Events.LEVEL_LOADED, (_event, data) => {
+      const fragments = data.details.fragments;
+      if (foreign(fragments.flatMap((frag) => [frag.url, frag.initSegment && frag.initSegment.url]))) fail("foreign");
     });
     hls.loadSource(playlist);
     hls.attachMedia(video);
