@@ -13,9 +13,12 @@ from __future__ import annotations
 import re
 
 import pytest
+from django.core.files.base import ContentFile
+from PIL import Image
 
 from jobs.media import video
-from jobs.models import FIRST_STAGE, GenerationJob
+from jobs.media.storage import new_image_key, public_storage
+from jobs.models import FIRST_STAGE, GeneratedImage, GenerationJob
 from tests.browser import screenshot, sign_in
 from tests.test_video_media import clip
 from tests.test_web_page import browser_page  # noqa: F401  (the fixture)
@@ -50,6 +53,16 @@ def clip_files() -> dict[str, video.MediaFile]:
 def done_video_job(owner) -> GenerationJob:
     return GenerationJob.objects.create(owner=owner, prompt=PROMPT, width=64, height=64, steps=20, guidance_scale=5.0,
                                         seed=3, model_version="shapes-v2", stage=FIRST_STAGE["done"], progress_total=20)
+
+
+def done_image_job(owner) -> GenerationJob:
+    """An image job beside it, its PNG in local public storage (served by the page's server)."""
+    job = done_video_job(owner)
+    data = video.png(Image.fromarray(clip()[0]))
+    key = public_storage().save(new_image_key(), ContentFile(data))
+    GeneratedImage.objects.create(job=job, index=0, seed=job.seed, storage_key=key, width=64, height=64,
+                                  byte_size=len(data), sha256="0" * 64, tier="public")
+    return job
 
 
 def videos_entry(job: GenerationJob, files: dict[str, video.MediaFile]) -> list[dict]:
@@ -115,6 +128,7 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     daphne_server, alice, browser_page, errors, clip_files, browser_kind, init, player, fallback,  # noqa: F811
 ):
     page = browser_page
+    image_job = done_image_job(alice) if player == "hls.js" else None
     job = done_video_job(alice)
     if init:
         page.add_init_script(init)
@@ -171,5 +185,12 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     else:
         assert "video.mp4" in asked and not segments, asked
     assert bool(scripts) == (player == "hls.js" or fallback == "hls.js"), scripts
-    if player == "hls.js":
-        screenshot(page, "video_card", clip=page.locator("#current").bounding_box())
+    if image_job is None:
+        return
+    screenshot(page, "video_card", clip=page.locator("#current").bounding_box())
+
+    # Another job's card replaces the player (its hls.js stopped with it); an image job's tile and
+    # card are as before.
+    page.locator(f".gallery .tile[data-job='{image_job.id}'] .thumbs img").click()
+    page.wait_for_function("""() => document.querySelectorAll('#results video').length === 0
+      && [...document.querySelectorAll('#results img.final')].some((img) => img.complete && img.naturalWidth === 64)""")
