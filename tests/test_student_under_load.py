@@ -263,3 +263,23 @@ def test_a_lanes_estimate_counts_only_its_own_lanes_work(two_models, saturated, 
     assert beside.eta_seconds == pytest.approx(alone.eta_seconds, abs=1.0)
     teacher = estimate(scheduler.shape_key(TEACHER, 64, 64, 3, 5.0, ""), 1)
     assert teacher.position == 1 and teacher.eta_seconds > 10_000, "on the teacher's own lane both count"
+
+
+def test_a_pass_of_another_lane_on_a_worker_the_lanes_share_is_ahead_of_a_new_job(two_models, saturated, alice):
+    """One GPU worker serving both lanes (`make run` on one machine): the teacher's pass it is
+    running is ahead of a new job on the student's lane (that GPU is busy until it ends)."""
+    from django.utils import timezone
+
+    from jobs.admission.replay import estimate
+    from jobs.models import Batch, GenerationJob
+    from scheduling import scheduler
+    from scheduling.lanes import lane_of
+    from tests.test_security import make_job
+
+    shared = f"gpu-{lane_of(STUDENT)}"  # the student lane's live worker (the `saturated` heartbeat)
+    batch = Batch.objects.create(model_version=TEACHER, width=64, height=64, steps=6, guidance_scale=5.0, size=1, cap=4,
+                                 worker=shared, lane=lane_of(TEACHER), pass_started_at=timezone.now())
+    running = make_job(alice, status="running", batch=batch)
+    GenerationJob.objects.filter(pk=running.pk).update(model_version=TEACHER, steps=6)
+    behind = estimate(scheduler.shape_key(STUDENT, 64, 64, 2, 1.5, ""), 1)
+    assert behind.eta_seconds > 9_000, behind

@@ -65,15 +65,17 @@ class _Filling:
     started_in: float  # negative: seconds ago
 
 
-def _running(gpus: int, costs: dict, now: float, lane: str) -> tuple[list[float], list[_Filling]]:
-    """Seconds until each live GPU of `lane` is free (its running pass's measured time less the time it
-    has run, then the pass of any batch it took ahead while this one runs; idle GPUs: 0), and
-    the passes still waiting for more of their shape."""
+def _running(workers: list[str], costs: dict, now: float) -> tuple[list[float], list[_Filling]]:
+    """Seconds until each of a lane's live GPU workers (`workers`) is free (its running pass's
+    measured time less the time it has run, then the pass of any batch it took ahead while this
+    one runs; idle GPUs: 0), and the passes still waiting for more of their shape. A pass of
+    another lane on one of these workers counts (a worker may serve several lanes: `make run` on
+    one machine); one on a worker of another lane's alone does not."""
     from jobs.models import Batch, GenerationJob
 
     batch_ids = set(GenerationJob.objects.filter(status="running").exclude(batch=None).values_list("batch_id", flat=True)[:1000])
     by_worker: dict[str, list] = {}
-    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None, lane=lane).order_by("started_at"):
+    for batch in Batch.objects.filter(id__in=batch_ids, finished_at=None, worker__in=workers).order_by("started_at"):
         by_worker.setdefault(batch.worker or str(batch.id), []).append(batch)
     remaining, filling = [], []
     for batches in by_worker.values():
@@ -91,6 +93,7 @@ def _running(gpus: int, costs: dict, now: float, lane: str) -> tuple[list[float]
                 filling.append(_Filling(shape, batch.cap - size, started_in + fill, started_in))
         remaining.append(max(0.0, free_in))
     remaining.sort()
+    gpus = len(workers)
     return (remaining + [0.0] * gpus)[:gpus], filling
 
 
@@ -209,10 +212,13 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
         entries.append((shape, new))
     ahead = [(s, e) for s, e in entries if e[0] != target and (enqueued_at is None or e[2] < enqueued_at)]
     work_ahead = sum(seconds_per_image(s, costs) * e[1] for s, e in ahead)
-    gpus = active_gpus(model_name)
+    from scheduling.heartbeats import live_workers
+
+    workers = live_workers(model_name)
+    gpus = len(workers)
     if gpus == 0:
         return Estimate(None, len(ahead), work_ahead, queued_images, 0)
-    free_in, filling = _running(gpus, costs, now, model_name)
+    free_in, filling = _running(workers, costs, now)
     _sort(buckets)
     end = replay(buckets, free_in, target, now, costs, scheduler.arrival_rates(model_name, now), weights)
     if target == NEW_JOB and not any(s == shape for s, e in entries if e[0] != NEW_JOB):
@@ -239,9 +245,12 @@ def queued_ends(shape: str, model_name: str | None = None) -> dict[str, float]:
     costs = cost_model.costs()
     buckets, weights = _queued(model_name)
     targets = {e[0] for e in buckets[shape].entries()} if shape in buckets else set()
-    if not targets or active_gpus(model_name) == 0:
+    from scheduling.heartbeats import live_workers
+
+    workers = live_workers(model_name) if targets else []
+    if not workers:
         return {}
-    free_in, _ = _running(active_gpus(model_name), costs, now, model_name)
+    free_in, _ = _running(workers, costs, now)
     overhead = cost_model.overhead(costs)
     ends = replay_all(buckets, free_in, targets, now, costs, scheduler.arrival_rates(model_name, now), weights)
     return {j: end + overhead for j, end in ends.items()}
