@@ -23,6 +23,9 @@ Caveat: the simulated accelerator prices a step the same on both models; on the 
 student step costs about half a teacher's (no classifier-free guidance pass; docs/model.md:
 0.040 s per image at 4 steps against 0.343 s at 20).
 
+--shared-gpu: one simulated GPU worker serving both lanes, as `make run` starts it on one
+machine (the student then shares the teacher's GPU: its gain is its cheaper passes alone).
+
 --mode all adds a third run, student-v1: the same, with both models' figures by the
 shapes-classifier-v1 judge (by it the student at 4 steps beats the teacher at 12 and goes first);
 what was delivered is still counted by the geometric figures.
@@ -128,12 +131,15 @@ def run(mode: str, a, figures: dict) -> dict:
         tokens = [stack.manage("issue_token", f"burst{k}").strip().splitlines()[-1] for k in range(8)]
         stack.start_worker("cpu", f"{settings.QUEUE_CPU},{settings.QUEUE_IO},{settings.QUEUE_CLASSIFY},{settings.QUEUE_WEBHOOKS}",
                            beat=True)
-        for k in range(a.teacher_gpus):
-            stack.start_worker(f"gpu-teacher{k}", settings.QUEUE_GPU)
-        stack.start_worker("gpu-student", gpu_queue(lane_of(STUDENT)))
+        if a.shared_gpu:  # one worker serving both lanes, as `make run` starts it on one machine
+            stack.start_worker("gpu-shared", f"{settings.QUEUE_GPU},{gpu_queue(lane_of(STUDENT))}")
+        else:
+            for k in range(a.teacher_gpus):
+                stack.start_worker(f"gpu-teacher{k}", settings.QUEUE_GPU)
+            stack.start_worker("gpu-student", gpu_queue(lane_of(STUDENT)))
         stack.start_web(port)
         wait_web(base_url)
-        stack.wait_for_gpu_workers(lane_of(TEACHER), a.teacher_gpus)
+        stack.wait_for_gpu_workers(lane_of(TEACHER), 1 if a.shared_gpu else a.teacher_gpus)
         stack.wait_for_gpu_workers(lane_of(STUDENT), 1)
         load = Load(base_url, tokens)
         rng = random.Random(a.seed)
@@ -193,6 +199,7 @@ def main() -> None:
     p.add_argument("--mode", choices=["today", "student", "student-v1", "both", "all"], default="both",
                    help="both: today and student; all: and student-v1")
     p.add_argument("--teacher-gpus", type=int, default=1)
+    p.add_argument("--shared-gpu", action="store_true", help="one GPU worker serving both lanes (make run's way)")
     p.add_argument("--step-ms", type=float, default=100.0, help="simulated GPU milliseconds per 64x64 step")
     p.add_argument("--marginal", type=float, default=0.15)
     p.add_argument("--cap", type=int, default=4)

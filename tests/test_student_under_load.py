@@ -283,3 +283,26 @@ def test_a_pass_of_another_lane_on_a_worker_the_lanes_share_is_ahead_of_a_new_jo
     GenerationJob.objects.filter(pk=running.pk).update(model_version=TEACHER, steps=6)
     behind = estimate(scheduler.shape_key(STUDENT, 64, 64, 2, 1.5, ""), 1)
     assert behind.eta_seconds > 9_000, behind
+
+
+def test_work_queued_on_a_lane_that_shares_the_worker_is_ahead_of_a_new_job(two_models, saturated, redis_client, db):
+    """The same worker serving both lanes takes the teacher's queued passes too: they are ahead of a
+    new job on the student's lane (its estimate missed them: a 5x burst through one shared GPU
+    waited up to 83 s against a 45 s bound, bench/results/student_burst_shared_gpu.json)."""
+    from jobs.admission.replay import estimate
+    from scheduling import scheduler
+    from scheduling.heartbeats import workers_key
+    from scheduling.lanes import lane_of
+
+    teacher_shape = scheduler.shape_key(TEACHER, 64, 64, 6, 5.0, "")
+    student_shape = scheduler.shape_key(STUDENT, 64, 64, 2, 1.5, "")
+    scheduler.enqueue(lane_of(TEACHER), teacher_shape, "teacher-job", 1, owner="bob")
+    try:
+        apart = estimate(student_shape, 1)
+        assert (apart.position, apart.queued_images) == (0, 0) and apart.eta_seconds < 100, apart
+        redis_client.zadd(workers_key(lane_of(TEACHER)), {f"gpu-{lane_of(STUDENT)}": time.time() + 600})  # now shared
+        shared = estimate(student_shape, 1)
+        assert shared.position == 1 and shared.eta_seconds > 9_000, shared
+        assert shared.queued_images == 0, "the student's own queue is still empty (the queue-full check's figure)"
+    finally:
+        scheduler.remove(teacher_shape, "teacher-job", 1, owner="bob")

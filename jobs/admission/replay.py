@@ -27,6 +27,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
+from imagegen.redis_client import get_redis
 from scheduling import costs as cost_model
 from scheduling import policy, scheduler
 from scheduling.costs import pass_seconds, seconds_per_image
@@ -101,16 +102,16 @@ def _fill_wait_of(shape: str) -> float:
     return scheduler.fill_wait_for(scheduler.parse_shape(shape)["model_version"])
 
 
-def _awaiting_prompt_check(lane: str) -> list[tuple[str, policy.Entry]]:
-    """Admitted jobs of `lane` whose prompt check has not finished: they enter its queue ahead of
-    a new job. (Another lane's are not ahead: they go to other GPUs.)"""
+def _awaiting_prompt_check(lanes: list[str]) -> list[tuple[str, policy.Entry]]:
+    """Admitted jobs of `lanes` whose prompt check has not finished: they enter the queue ahead
+    of a new job. (Another lane's are not ahead: they go to other GPUs.)"""
     from jobs.models import GenerationJob
     from scheduling import catalogue
 
     out = []
     recent = timezone.now() - timedelta(minutes=10)
     for job in GenerationJob.objects.filter(stage__in=("prompt", "rewrite", "rewrite_check"), created_at__gte=recent,
-                                            model_version=catalogue.version_of_lane(lane)).only(
+                                            model_version__in=[catalogue.version_of_lane(lane) for lane in lanes]).only(
         "id", "owner_id", "model_version", "width", "height", "steps", "guidance_scale", "scheduler", "count",
         "created_at", "priority",
     )[:2000]:
@@ -191,19 +192,55 @@ def _queued(model_name: str) -> tuple[policy.Buckets, dict[str, float]]:
     return scheduler.snapshot(model_name)
 
 
+def _sharing(lane: str, workers: list[str]) -> list[str]:
+    """The served lanes whose live workers include one of `lane`'s (one GPU worker serving several
+    lanes, as `make run` starts it on one machine): their queued work is taken by the same GPUs."""
+    from scheduling.heartbeats import HEARTBEAT_TTL, workers_key
+    from scheduling.lanes import served_lanes
+
+    others = [other for other in served_lanes() if other != lane]
+    if not others or not workers:
+        return []
+    pipe = get_redis().pipeline(transaction=False)
+    for other in others:
+        pipe.zrangebyscore(workers_key(other), time.time() - HEARTBEAT_TTL, "+inf")
+    mine = set(workers)
+    return [other for other, live in zip(others, pipe.execute(), strict=True) if mine & set(live)]
+
+
+def _queued_on(lane: str, workers: list[str]) -> tuple[policy.Buckets, dict[str, float], int, list[str]]:
+    """The queued work `lane`'s GPUs will take (its own, and that of the lanes sharing a worker
+    with it), the owners' weights, the images queued on the lane itself, and the lanes merged."""
+    buckets, weights = _queued(lane)
+    own_images = sum(e[1] for b in buckets.values() for e in b.entries())
+    lanes = [lane, *_sharing(lane, workers)]
+    for other in lanes[1:]:
+        buckets.update(_queued(other)[0])  # shapes name their version: no two lanes share one
+    return buckets, weights, own_images, lanes
+
+
+def _arrival_rates(lanes: list[str], now: float) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    for lane in lanes:
+        rates.update(scheduler.arrival_rates(lane, now))
+    return rates
+
+
 def estimate(shape: str, images: int, enqueued_at: float | None = None, model_name: str | None = None,
              job_id: str | None = None, owner: str = "", tier: int = policy.INTERACTIVE) -> Estimate:
     """For a new job (enqueued_at None) or one already queued since enqueued_at (job_id: its id).
     `owner`: the submitter (a new job joins their fair-share flow; "" for an owner with nothing queued)."""
+    from scheduling.heartbeats import live_workers
+
     model_name = model_name or lane_of_shape(shape)
     now = time.time()
     costs = cost_model.costs()
-    buckets, weights = _queued(model_name)
+    workers = live_workers(model_name)
+    buckets, weights, queued_images, lanes = _queued_on(model_name, workers)
     entries = [(s, e) for s, b in buckets.items() for e in b.entries()]
-    queued_images = sum(e[1] for _, e in entries)
     target = job_id if job_id is not None and any(e[0] == job_id for _, e in entries) else NEW_JOB
     if enqueued_at is None:
-        for s, e in _awaiting_prompt_check(model_name):
+        for s, e in _awaiting_prompt_check(lanes):
             policy.push(buckets, s, e)
             entries.append((s, e))
     if target == NEW_JOB:
@@ -212,15 +249,12 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
         entries.append((shape, new))
     ahead = [(s, e) for s, e in entries if e[0] != target and (enqueued_at is None or e[2] < enqueued_at)]
     work_ahead = sum(seconds_per_image(s, costs) * e[1] for s, e in ahead)
-    from scheduling.heartbeats import live_workers
-
-    workers = live_workers(model_name)
     gpus = len(workers)
     if gpus == 0:
         return Estimate(None, len(ahead), work_ahead, queued_images, 0)
     free_in, filling = _running(workers, costs, now)
     _sort(buckets)
-    end = replay(buckets, free_in, target, now, costs, scheduler.arrival_rates(model_name, now), weights)
+    end = replay(buckets, free_in, target, now, costs, _arrival_rates(lanes, now), weights)
     if target == NEW_JOB and not any(s == shape for s, e in entries if e[0] != NEW_JOB):
         # Nothing of its shape waits: it may join a pass of its shape that is still filling,
         # if its prompt check ends before that pass's fill wait does.
@@ -240,19 +274,19 @@ def estimate(shape: str, images: int, enqueued_at: float | None = None, model_na
 def queued_ends(shape: str, model_name: str | None = None) -> dict[str, float]:
     """Seconds from now until the pass of each job queued in `shape`'s bucket ends, plus the
     overhead: one replay for them all (what estimate(..., job_id=j) answers for each j)."""
+    from scheduling.heartbeats import live_workers
+
     model_name = model_name or lane_of_shape(shape)
     now = time.time()
     costs = cost_model.costs()
-    buckets, weights = _queued(model_name)
+    workers = live_workers(model_name)
+    buckets, weights, _, lanes = _queued_on(model_name, workers)
     targets = {e[0] for e in buckets[shape].entries()} if shape in buckets else set()
-    from scheduling.heartbeats import live_workers
-
-    workers = live_workers(model_name) if targets else []
-    if not workers:
+    if not targets or not workers:
         return {}
     free_in, _ = _running(workers, costs, now)
     overhead = cost_model.overhead(costs)
-    ends = replay_all(buckets, free_in, targets, now, costs, scheduler.arrival_rates(model_name, now), weights)
+    ends = replay_all(buckets, free_in, targets, now, costs, _arrival_rates(lanes, now), weights)
     return {j: end + overhead for j, end in ends.items()}
 
 
