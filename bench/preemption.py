@@ -12,8 +12,9 @@ process of its own, on a fresh stack:
 1. Start delay: a batch-tier pass of --batch-steps steps (64x64, the cap's 8 images) runs; an
    interactive 1-image job of another shape is submitted at a random point of it (--probes
    times). Its delay is its pass's start less its entry into the scheduler's bucket, in seconds
-   and in steps of the batch-tier pass (its measured seconds per step). Goal: at most 1 step
-   with preemption (without: the rest of the pass).
+   and in steps of the batch-tier pass (its measured seconds per step), and the part of it spent
+   taking and claiming the job (`claim_s`: its batch row's start to its pass's start). Goal: at
+   most 1 step with preemption (without: the rest of the pass).
 2. Batch-tier throughput: a backlog of batch-tier jobs (8 images, --batch-steps steps) is kept
    queued for --seconds, first alone, then with interactive 1-image jobs of --interactive-steps
    steps arriving as a Poisson stream (mean --interactive-every seconds). Throughput: the
@@ -54,7 +55,7 @@ def run(a, preemption: bool) -> dict:
                   IMAGEGEN_IMAGE_CLASSIFIER="none", IMAGEGEN_USER_MAX_IN_FLIGHT="100000",
                   IMAGEGEN_USER_MAX_IMAGES_PER_DAY="10000000", IMAGEGEN_MAX_QUEUED_IMAGES="100000",
                   IMAGEGEN_MAX_QUEUE_WAIT="1000000", IMAGEGEN_BATCH_MAX_QUEUE_WAIT="10000000",
-                  IMAGEGEN_PREVIEW_EVERY="1000", IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain")
+                  IMAGEGEN_PREVIEW_EVERY="1000", IMAGEGEN_REWRITE_DEFAULT="off", IMAGEGEN_LOG_LEVEL="WARNING", IMAGEGEN_LOG_FORMAT="plain")
     stack.apply_to_this_process()
     import django
 
@@ -111,7 +112,10 @@ def run(a, preemption: bool) -> dict:
             queued = GenerationJob.objects.get(id=inner_job).scheduled_at
             step = outer.gpu_seconds / a.batch_steps
             delay = (inner.pass_started_at - queued).total_seconds()
-            probes.append({"delay_s": delay, "delay_steps": delay / step, "batch_step_s": step,
+            # Of the delay, the take and claim (and the steering read) before the pass: the rest is the
+            # batch-tier step in flight when the job arrived.
+            claim = (inner.pass_started_at - inner.started_at).total_seconds()
+            probes.append({"delay_s": delay, "delay_steps": delay / step, "claim_s": claim, "batch_step_s": step,
                            "interleaved": inner.pass_started_at < outer.finished_at})
             wait(lambda j=inner_job: GenerationJob.objects.filter(id=j, status="done").exists())
 
@@ -150,6 +154,11 @@ def run(a, preemption: bool) -> dict:
                 finished_at__gte=lo, finished_at__lt=hi, width=BATCH_SIZE[0], height=BATCH_SIZE[1], steps=a.batch_steps))
             span = (ends[-1][0] - ends[0][0]).total_seconds() if len(ends) > 1 else None
             images = sum(size for _, size in ends[1:])
+            # The interactive passes in the same span: their GPU-seconds and images per pass (what
+            # preemption changes: jobs no longer wait for the batch-tier pass together, so they
+            # run in more, smaller passes).
+            small = list(Batch.objects.filter(width=INTERACTIVE_SIZE[0], height=INTERACTIVE_SIZE[1],
+                                              finished_at__gt=ends[0][0], finished_at__lte=ends[-1][0])) if span else []
             # Interactive jobs that arrived in the window: how long each waited for its pass.
             waits = []
             for job in GenerationJob.objects.filter(id__in=interactive, created_at__gte=lo, created_at__lt=hi):
@@ -168,6 +177,9 @@ def run(a, preemption: bool) -> dict:
             return {
                 "batch_passes": len(ends) - 1,
                 "batch_images_per_s": images / span if span else None,
+                "interactive_passes": len(small),
+                "interactive_images_per_pass": statistics.mean(b.size for b in small) if small else None,
+                "interactive_gpu_share": sum(b.gpu_seconds or 0 for b in small) / span if span else None,
                 "interactive_jobs": len(interactive),
                 "interactive_start_delay_p50_s": pct(waits, 0.5),
                 "interactive_start_delay_p95_s": pct(waits, 0.95),
@@ -180,6 +192,7 @@ def run(a, preemption: bool) -> dict:
                 "delay_steps_p50": statistics.median(p["delay_steps"] for p in probes),
                 "delay_steps_max": max(p["delay_steps"] for p in probes),
                 "delay_s_p50": statistics.median(p["delay_s"] for p in probes),
+                "claim_s_p50": statistics.median(p["claim_s"] for p in probes),
             },
             "alone": throughput(False),
             "with_stream": throughput(True),
@@ -232,11 +245,19 @@ def main() -> None:
             "batch_images_per_s_with_stream": {"off": off["with_stream"]["batch_images_per_s"],
                                                "on": on["with_stream"]["batch_images_per_s"],
                                                "on_over_off": ratio("with_stream")},
+            "start_delay_claim_s_p50": {"off": off["start_delay"]["claim_s_p50"], "on": on["start_delay"]["claim_s_p50"]},
+            "interactive_images_per_pass_with_stream": {"off": off["with_stream"]["interactive_images_per_pass"],
+                                                        "on": on["with_stream"]["interactive_images_per_pass"]},
+            "interactive_gpu_share_with_stream": {"off": off["with_stream"]["interactive_gpu_share"],
+                                                  "on": on["with_stream"]["interactive_gpu_share"]},
             "interactive_start_delay_p95_s_with_stream": {"off": off["with_stream"]["interactive_start_delay_p95_s"],
                                                           "on": on["with_stream"]["interactive_start_delay_p95_s"]},
         },
     }
     summary["goals"] = {
+        # The next step boundary: at most the step in flight, plus the take and claim.
+        "start_at_the_next_step_boundary": all(p["delay_s"] - p["claim_s"] <= p["batch_step_s"] * 1.1
+                                               for p in on["start_delay"]["probes"]),
         "start_within_1_step": on["start_delay"]["delay_steps_max"] <= 1.0,
         "batch_throughput_within_5pct": (ratio("with_stream") or 0) >= 0.95,
     }

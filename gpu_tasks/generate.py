@@ -322,8 +322,6 @@ class Runner:
         began = time.monotonic()
         with self._lock:
             self._paused = list(paused.job_ids)
-        for job_id in paused.job_ids:
-            events.publish(job_id, {"type": "paused", "step": step, "total": total})
         passes = 0
         try:
             with model.paused():
@@ -335,6 +333,9 @@ class Runner:
                         break
                     if claimed is None:  # another worker took it first
                         break
+                    if not passes:  # told once something runs in its place (after the claim: not on the way)
+                        for job_id in paused.job_ids:
+                            events.publish(job_id, {"type": "paused", "step": step, "total": total})
                     self._denoise(claimed, take_ahead=False, nested=True)
                     passes += 1
                     try:
