@@ -133,6 +133,7 @@ def saturated(settings, redis_client):
 
     settings.IMAGEGEN_MAX_QUEUE_WAIT = 600
     lanes = [lane_of(TEACHER), lane_of(STUDENT)]
+    redis_client.delete(*(workers_key(lane) for lane in lanes))  # a stopped worker's heartbeat outlives it a while
     for lane in lanes:
         redis_client.zadd(workers_key(lane), {f"gpu-{lane}": time.time() + 600})
     costs = {scheduler.shape_key(TEACHER, 64, 64, 6, 5.0, ""): 10_000.0, scheduler.shape_key(TEACHER, 64, 64, 3, 5.0, ""): 0.05,
