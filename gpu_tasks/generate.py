@@ -6,10 +6,11 @@ The GPU never waits for CPU work:
 - the next batch is taken and claimed (with its fill wait) by a helper thread while the current
   one denoises, started when the pass is about a fill wait from its end, so a batch still fills
   with what arrives meanwhile;
-- encoding and the quarantine write run off the denoising thread: each denoised batch goes into
-  a bounded hand-off (IMAGEGEN_HANDOFF_DEPTH batches), drained by a writer thread with
-  IMAGEGEN_ENCODE_THREADS encoder threads; when storage is slow the hand-off fills and the
-  denoising thread waits, so memory stays flat;
+- encoding, signing and the quarantine write run off the denoising thread: each denoised batch
+  goes into a bounded hand-off (IMAGEGEN_HANDOFF_DEPTH batches), drained by a writer thread onto
+  the encoders (gpu_tasks/encoders.py: IMAGEGEN_ENCODE_THREADS threads, or
+  IMAGEGEN_ENCODE_PROCESSES processes of their own); when storage is slow the hand-off fills and
+  the denoising thread waits, so memory stays flat;
 - previews are judged by the image gate on a thread of their own (gpu_tasks/previews.py), and
   only the allowed ones are sent;
 - leases of every job this worker holds (denoising, claimed ahead, waiting in the hand-off) are
@@ -35,17 +36,19 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC
 
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, close_old_connections
+from django.db import DatabaseError, close_old_connections
 from PIL import Image
 from redis.exceptions import RedisError
 
+from gpu_tasks import encoders
+from gpu_tasks.encoders import Abandoned as _Abandoned
+from gpu_tasks.encoders import retry_db as _retry_db
 from gpu_tasks.pipeline import Row, get_model
 from gpu_tasks.previews import PreviewGate
 from imagegen import metrics
 from imagegen.stage_table import STAGES
 from jobs import actions
-from jobs.media import credentials, encoding
-from jobs.media.storage import delete_quietly, is_transient, quarantine_storage, store_quarantined
+from jobs.media.storage import delete_quietly, quarantine_storage
 from jobs.models import Batch, GeneratedImage, GenerationJob, JobStage
 from jobs.pipeline import stages
 from jobs.realtime import events
@@ -59,7 +62,6 @@ log = logging.getLogger(__name__)
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 PREFETCH_MARGIN = 0.1  # seconds: start taking the next batch this long before the fill wait would end the pass
 TOKEN_BUDGET = 30.0  # seconds one batch token keeps running batches back to back (then others' tokens run)
-HANDOFF_DB_RETRY_SECONDS = 600.0
 
 
 @dataclass
@@ -165,9 +167,8 @@ class Runner:
     def __init__(self, lane: str):
         self.lane = lane
         self._handoff: queue.Queue = queue.Queue(maxsize=max(1, settings.IMAGEGEN_HANDOFF_DEPTH))
-        self._encoders = concurrent.futures.ThreadPoolExecutor(
-            max(1, settings.IMAGEGEN_ENCODE_THREADS), thread_name_prefix=f"encode-{lane}"
-        )
+        self._encoders = encoders.Encoders(lane)
+        self._encoders.warm()  # processes (IMAGEGEN_ENCODE_PROCESSES) start now, not on the first batch
         self._ahead_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"take-ahead-{lane}")
         self._ahead: concurrent.futures.Future | None = None
         self._lock = threading.Lock()
@@ -432,10 +433,14 @@ class Runner:
             actions.close_empty(batch.id)
             return
         by_id = {str(job.id): job for job in item.claimed.jobs}
-        futures = [(row, self._encoders.submit(self._write_one, row, image, batch.id, attempts, by_id[row.job_id]))
-                   for row, image in live]
+        futures = [(row, self._encoders.submit(row, image, batch.id, by_id[row.job_id])) for row, image in live]
         concurrent.futures.wait([f for _, f in futures])
         failed = {row.job_id: f.exception() for row, f in futures if f.exception() is not None}
+        lost = {job_id for job_id, exc in failed.items() if self._encoders.broken(exc)}
+        if lost:  # an encoder process died: its images are made again, from the queue
+            self._encoders.restart_if_broken()
+            _retry_db(lambda: actions.return_to_queue_now(sorted(lost)))
+            failed.update({job_id: _Abandoned("an encoder process died") for job_id in lost})
         for row, f in futures:  # a job with a failed image delivers none: never leave its other objects behind
             if row.job_id in failed and f.exception() is None:
                 delete_quietly(f.result().key, quarantine_storage())
@@ -454,31 +459,6 @@ class Runner:
         if held:
             stages.send_next("generate", self.lane, str(batch.id))
 
-    def _write_one(self, row: Row, image: Image.Image, batch_id, attempts: dict[str, int], job: GenerationJob) -> actions.Written:
-        # Encoded once, in the job's format, with its parameters in the file (jobs/media/encoding.py) and
-        # its content credentials signed (jobs/media/credentials.py), here on an encoder thread.
-        parameters = encoding.ImageParameters.of(job, row.seed, row.negative_prompt)
-        encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
-        encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
-        try:
-            # Written once; on S3 botocore retries transient errors itself (IMAGEGEN_UPLOAD_ATTEMPTS).
-            stored = store_quarantined(encoded.data, encoded.extension)
-        except Exception as exc:
-            if not is_transient(exc):
-                raise
-            # Storage still away: the job's lease ends now and the reaper puts it back in the
-            # queue at once (as for a Redis or database interruption); the image is made again
-            # later, since it is a pure function of its inputs. No loop holds the worker here.
-            log.warning("quarantine write for batch %s failed (%s); the job goes back to the queue", batch_id, exc,
-                        extra={"batch_id": str(batch_id), "stage": "hand-off"})
-            _retry_db(lambda: actions.return_to_queue_now([row.job_id]))
-            raise _Abandoned from exc
-        return actions.Written(
-            job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width, height=image.height,
-            byte_size=stored.byte_size, sha256=stored.sha256, content_type=encoded.content_type,
-            content_sha256=content_sha256,
-        )
-
     # --- shutdown -------------------------------------------------------------------------
 
     def close(self, timeout: float = 60.0) -> None:
@@ -491,7 +471,7 @@ class Runner:
                 actions.close_empty(claimed.batch.id)
         self._handoff.put(_STOP)
         self._writer.join(timeout)
-        self._encoders.shutdown(wait=False)
+        self._encoders.shutdown()
         self._ahead_pool.shutdown(wait=False)
 
 
@@ -532,28 +512,6 @@ def _steered(model, served, rows: list[Row], jobs: list[GenerationJob]) -> list[
         steering.update(made)
     return [replace(row, negative_prompt=steered_negative(steering.get(row.job_id, ""), row.negative_prompt))
             for row in rows]
-
-
-class _Abandoned(Exception):
-    """The worker no longer holds the job whose image it was writing (cancelled, or requeued)."""
-
-
-def _retry_db(operation):
-    """The database is the truth, so a hand-off waits for it through an outage (bounded). Only
-    an outage: an error the same statement would raise again (an integrity or programming error)
-    is raised at once, not retried for ten minutes while the hand-off queue stops the GPU."""
-    deadline = time.monotonic() + HANDOFF_DB_RETRY_SECONDS
-    delay = 0.5
-    while True:
-        try:
-            return operation()
-        except (OperationalError, InterfaceError):
-            if time.monotonic() > deadline:
-                raise
-            log.warning("database unavailable during a hand-off; retrying in %.1fs", delay)
-            time.sleep(delay)
-            close_old_connections()
-            delay = min(delay * 2, 10.0)
 
 
 def _close_pass(batch: Batch, images: int, seconds: float, pass_started: float, paused: float = 0.0) -> None:

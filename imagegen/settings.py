@@ -78,6 +78,7 @@ IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP = _c.worker.prior_seconds_per_mpx_step
 IMAGEGEN_PREVIEW_EVERY = _c.worker.preview_every
 IMAGEGEN_PREVIEW_MIN_INTERVAL = _c.worker.preview_min_interval
 IMAGEGEN_ENCODE_THREADS = _c.worker.encode_threads
+IMAGEGEN_ENCODE_PROCESSES = _c.worker.encode_processes
 IMAGEGEN_HANDOFF_DEPTH = _c.worker.handoff_depth
 IMAGEGEN_PNG_COMPRESS_LEVEL = _c.worker.png_compress_level
 # Request limits and defaults

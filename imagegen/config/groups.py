@@ -238,5 +238,7 @@ class Worker(Group):
     preview_every: int = setting(4, "steps between previews")
     preview_min_interval: float = setting(0.25, "seconds between previews at least")
     encode_threads: int = setting(2, "threads that encode images and write them to quarantine off the denoising thread")
+    encode_processes: int = setting(0, "processes of their own that encode, sign and write images to quarantine (0: the "
+                                    "encode threads of the GPU worker; the Kubernetes manifest sets 2 on GPU pods)")
     handoff_depth: int = setting(2, "denoised batches that may wait for the encoders (then the denoising thread waits)")
     png_compress_level: int = setting(3, "zlib level 0-9: 3 is half the time of 6 for ~3% more bytes")
