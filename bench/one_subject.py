@@ -161,6 +161,31 @@ def validate(n: int) -> dict:
     return out
 
 
+def before_after_sheets(before: Path, after: Path, out_dir: Path, n: int, steps: int, sizes: list[str]) -> list[Path]:
+    """One sheet per size: the first n captions by `before` (top row) and `after` (bottom row),
+    the same seeds, at native size, a green or red bar under each by the judge."""
+    from diffusers import AutoPipelineForText2Image
+
+    pipes = []
+    for model in (before, after):
+        pipe = AutoPipelineForText2Image.from_pretrained(str(model), local_files_only=True)
+        pipe.set_progress_bar_config(disable=True)
+        pipes.append((pipe, served_guidance(model)))
+    items = captions(n)
+    written = []
+    for size in sizes:
+        width, height = (int(v) for v in size.split("x"))
+        images, verdicts = [], []
+        for pipe, guidance in pipes:
+            drawn = draw(pipe, items, width, height, steps, guidance, batch=n)
+            images += drawn
+            verdicts += [judge(im, gt) for im, (_, gt) in zip(drawn, items, strict=True)]
+        path = out_dir / f"{size}.png"
+        contact_sheet(images, verdicts, path, cols=n, scale=1)
+        written.append(path)
+    return written
+
+
 def served_guidance(model: Path) -> float:
     try:
         return float(json.loads((model / "serving.json").read_text()).get("guidance_scale", SERVED_GUIDANCE))
@@ -181,7 +206,20 @@ def main(argv=None):
     p.add_argument("--sheets", default=None, help="write contact sheets here (DIR/<label>_<size>_<steps>.png)")
     p.add_argument("--sheet-n", type=int, default=16)
     p.add_argument("--validate", type=int, default=0, help="judge N ground-truth renderings per size and stop")
+    p.add_argument(
+        "--before-after",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        default=None,
+        help="write one small sheet per size to --sheets: --sheet-n captions by BEFORE above AFTER (the first --steps), and stop",
+    )
     args = p.parse_args(argv)
+    if args.before_after:
+        for path in before_after_sheets(
+            *(Path(m) for m in args.before_after), Path(args.sheets or "."), args.sheet_n, args.steps[0], args.sizes
+        ):
+            print(f"wrote {path}")
+        return
     if args.validate:
         print(json.dumps(validate(args.validate), indent=1))
         return
