@@ -231,9 +231,9 @@ def service_run(runner, model, owner, version: str, size: int, batch: int, passe
     """`passes` full batches through the worker's generate path; its figures."""
     from django.test import override_settings
 
-    import gpu_tasks.generate as generate
     from jobs import actions
     from jobs.media import credentials, encoding
+    from jobs.media import storage as media_storage
     from jobs.models import GenerationJob, JobStage
 
     costs, timed, handoffs = Costs(), [], []
@@ -260,7 +260,7 @@ def service_run(runner, model, owner, version: str, size: int, batch: int, passe
         stack.enter_context(mock.patch.object(model, "preview_images", costs.wrap("preview", model.preview_images)))
         stack.enter_context(mock.patch.object(runner, "_hand_off", timed_hand_off))
         for module, name, label in ((encoding, "encode", "encode"), (credentials, "credentialed", "credentials"),
-                                    (generate, "store_quarantined", "store"), (actions, "hand_off", "handoff_db")):
+                                    (media_storage, "store_quarantined", "store"), (actions, "hand_off", "handoff_db")):
             stack.enter_context(mock.patch.object(module, name, costs.wrap(label, getattr(module, name))))
         waiting = GenerationJob.objects.filter(id__in=ids, stage=JobStage.WAITING_GPU)
         while waiting.exists():

@@ -26,7 +26,6 @@ frames give the same files (what a regeneration compares, and what immutable URL
 
 from __future__ import annotations
 
-import io
 import struct
 import subprocess
 import tempfile
@@ -163,9 +162,9 @@ def hls(arr: np.ndarray, fps: int, ladder: Sequence[Rendition] = LADDER) -> list
 
 
 def png(image: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
+    from jobs.media.encoding import png_bytes
+
+    return png_bytes(image, level=6)
 
 
 def sprite_sheet(arr: np.ndarray, columns: int = SPRITE_COLUMNS) -> Image.Image:
