@@ -72,7 +72,9 @@ def test_each_family_is_served_end_to_end(family, family_models, start_worker, w
         seen = watch(long_job, cancel_once_running, lane=lane)
         row = wait_for_status(long_job, ("cancelled",))
         steps = [e["step"] for e in seen if e["type"] == "progress"]
-        assert row.status == "cancelled" and row.images.count() == 0
+        # Nothing delivered: no public image. (The cancel can also land after the hand-off has
+        # written the job's quarantined image, on a loaded machine; that image is never published.)
+        assert row.status == "cancelled" and not row.images.exclude(tier="quarantine").exists()
         # It ran and was cancelled while running; how soon a pass stops is counted in steps by
         # tests/test_cancel_running.py (here a tiny pipeline's 60 steps can end before the cancel
         # request does on a loaded machine: the job is then dropped at its hand-off, as above).
