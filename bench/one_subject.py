@@ -40,7 +40,7 @@ import geometry  # noqa: E402  (bench/geometry.py)
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-from training.shapes_data import COLOUR_NAMES, COLOURS, caption_for, random_gt  # noqa: E402
+from training.shapes_data import COLOUR_NAMES, COLOURS, random_gt  # noqa: E402
 
 ONE_SUBJECT_SEED = 46_003
 MENU = [(64, 64), (96, 64), (64, 96), (96, 96)]  # (width, height): imagegen/config/limits.py's size_menu default
@@ -52,13 +52,11 @@ PALETTE = np.array([COLOURS[n] for n in COLOUR_NAMES], np.float32)
 
 
 def captions(n: int, seed: int = ONE_SUBJECT_SEED):
-    """(caption, ground truth) for n held-out single-shape scenes (the size word kept in 70%)."""
-    out = []
-    for i in range(n):
-        rng = np.random.default_rng([seed, i])
-        gt = random_gt(rng, n_shapes=1)
-        out.append((caption_for(gt, bool(rng.random() >= 0.3)), gt))
-    return out
+    """(caption, ground truth) for n held-out single-shape scenes (the size word kept in 70%):
+    bench/model_eval.py's captions, from this benchmark's own seed."""
+    from model_eval import eval_captions  # bench/model_eval.py
+
+    return eval_captions(n, seed)
 
 
 def components(arr: np.ndarray) -> tuple[str, list[tuple[int, str]], np.ndarray]:

@@ -95,14 +95,14 @@ def _polygon(kind: str, cx: float, cy: float, r: float) -> list[tuple[float, flo
     raise ValueError(kind)
 
 
-def render_frame(gt: SampleGT, width: int, height: int) -> Image.Image:
-    """Render a ground truth whose coordinates are pixels of a ``width`` x ``height`` frame."""
-    s = SUPERSAMPLE
-    big = Image.new("RGB", (width * s, height * s), COLOURS[gt.background])
+def _draw(gt: SampleGT, width: int, height: int, scale: float) -> Image.Image:
+    """The scene supersampled (its coordinates times ``scale`` are pixels of the big canvas),
+    box-filtered down to ``width`` x ``height``."""
+    big = Image.new("RGB", (int(width * SUPERSAMPLE), int(height * SUPERSAMPLE)), COLOURS[gt.background])
     draw = ImageDraw.Draw(big)
     for sh in gt.shapes:
         fill = COLOURS[sh.colour]
-        cx, cy, r = sh.cx * s, sh.cy * s, sh.radius * s
+        cx, cy, r = sh.cx * scale, sh.cy * scale, sh.radius * scale
         if sh.kind == "circle":
             draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
         else:
@@ -110,19 +110,14 @@ def render_frame(gt: SampleGT, width: int, height: int) -> Image.Image:
     return big.resize((width, height), Image.BOX)
 
 
+def render_frame(gt: SampleGT, width: int, height: int) -> Image.Image:
+    """Render a ground truth whose coordinates are pixels of a ``width`` x ``height`` frame."""
+    return _draw(gt, width, height, SUPERSAMPLE)
+
+
 def render(gt: SampleGT, size: int = IMAGE_SIZE) -> Image.Image:
     """Render a ground-truth description to an RGB image of ``size`` x ``size``."""
-    s = SUPERSAMPLE * size / IMAGE_SIZE
-    big = Image.new("RGB", (int(size * SUPERSAMPLE), int(size * SUPERSAMPLE)), COLOURS[gt.background])
-    draw = ImageDraw.Draw(big)
-    for sh in gt.shapes:
-        fill = COLOURS[sh.colour]
-        cx, cy, r = sh.cx * s, sh.cy * s, sh.radius * s
-        if sh.kind == "circle":
-            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
-        else:
-            draw.polygon(_polygon(sh.kind, cx, cy, r), fill=fill)
-    return big.resize((size, size), Image.BOX)
+    return _draw(gt, size, size, SUPERSAMPLE * size / IMAGE_SIZE)
 
 
 def caption_for(gt: SampleGT, with_size: bool | list[bool] = True) -> str:
