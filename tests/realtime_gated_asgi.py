@@ -35,6 +35,8 @@ def _hold(name: str) -> None:
     (GATE / f"{name}.entered").touch()
     deadline = time.monotonic() + HOLD_AT_MOST
     while not (GATE / "open").exists() and time.monotonic() < deadline:
+        # The poll interval of the gate: holding this call until the test opens it (a file, since
+        # the test runs in another process) is the slow call under test, not a wait for work.
         time.sleep(0.02)
 
 
