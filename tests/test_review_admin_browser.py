@@ -58,6 +58,10 @@ def within_viewport(page, selector: str) -> dict:
 
 
 def rendered(page, selector: str) -> dict:
+    # The element is in the DOM before its bytes arrive: wait until the browser has finished with
+    # the image (loaded or failed: `complete` is true either way), then read what it rendered.
+    page.wait_for_function("s => { const img = document.querySelector(s); return img && img.complete; }",
+                           arg=selector)
     return page.eval_on_selector(selector, """img => ({
         width: img.getBoundingClientRect().width, height: img.getBoundingClientRect().height,
         natural: img.naturalWidth, loaded: img.complete && img.naturalWidth > 0,
