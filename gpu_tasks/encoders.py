@@ -66,8 +66,10 @@ def write_one(row: Row, image: Image.Image, batch_id, job) -> actions.Written:
     from jobs.media.storage import is_transient, store_quarantined
 
     parameters = encoding.ImageParameters.of(job, row.seed, row.negative_prompt)
-    encoded = encoding.encode(image, job.output_format, job.output_compression, parameters)
-    encoded, content_sha256 = credentials.credentialed(encoded, job.output_format, parameters)
+    # A clip's strip of frames stays lossless until publish packages it (gpu_tasks/video_model.py).
+    fmt, compression = ("png", None) if job.frames > 1 else (job.output_format, job.output_compression)
+    encoded = encoding.encode(image, fmt, compression, parameters)
+    encoded, content_sha256 = credentials.credentialed(encoded, fmt, parameters)
     try:
         # Written once; on S3 botocore retries transient errors itself (IMAGEGEN_UPLOAD_ATTEMPTS).
         stored = store_quarantined(encoded.data, encoded.extension)
@@ -82,7 +84,7 @@ def write_one(row: Row, image: Image.Image, batch_id, job) -> actions.Written:
         retry_db(lambda: actions.return_to_queue_now([row.job_id]))
         raise Abandoned(str(exc)) from None
     return actions.Written(
-        job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width, height=image.height,
+        job_id=row.job_id, index=row.index, seed=row.seed, key=stored.key, width=image.width // max(1, job.frames), height=image.height,
         byte_size=stored.byte_size, sha256=stored.sha256, content_type=encoded.content_type,
         content_sha256=content_sha256,
     )

@@ -335,6 +335,12 @@ def warm_up(model: LoadedModel) -> float:
     compilation (torch.compile specialises on shapes) or a first-call allocation."""
     from scheduling.scheduler import cap_for
 
+    if getattr(model, "is_video", False):
+        from gpu_tasks.video_model import warm_up as warm_up_video
+        from scheduling import catalogue
+
+        served = next((m for m in catalogue.served().values() if m.path == getattr(model, "path", None)), None)
+        return warm_up_video(model, served.sizes if served and served.sizes else settings.IMAGEGEN_SIZE_MENU[:1])  # type: ignore[arg-type]
     started = time.monotonic()
     for width, height in settings.IMAGEGEN_SIZE_MENU:
         if width % 8 or height % 8:
@@ -363,5 +369,12 @@ def get_model(version: str | None = None) -> LoadedModel:
 
                 _loaded[version] = SimulatedModel()  # type: ignore[assignment]
             else:
-                _loaded[version] = LoadedModel(catalogue.path_for(version), settings.IMAGEGEN_DEVICE, version)
+                served = catalogue.served().get(version)
+                if served is not None and served.is_video:
+                    from gpu_tasks.video_model import VideoModel
+
+                    _loaded[version] = VideoModel(served.path, Path(served.base), served.frames,  # type: ignore[assignment]
+                                                  settings.IMAGEGEN_DEVICE)
+                else:
+                    _loaded[version] = LoadedModel(catalogue.path_for(version), settings.IMAGEGEN_DEVICE, version)
         return _loaded[version]

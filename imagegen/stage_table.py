@@ -118,10 +118,12 @@ STAGES: dict[str, Stage] = {
               reject_on_worker_lost=True, process="classify",
               lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS", loads=("image_gate",),
               holds=("image",)),
+        # It packages a done clip (MP4, poster, HLS: jobs/pipeline/publish.py) and signs the MP4.
         Stage("publish", "jobs.pipeline.tasks.publish_batch", "QUEUE_IO", leased=True,
               retry_setting="IMAGEGEN_PUBLISH_RETRY_SECONDS", describes="publishing the images",
               reject_on_worker_lost=True, process="io",
-              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS"),
+              lease_setting="IMAGEGEN_LEASE_SECONDS", resend_setting="IMAGEGEN_STAGE_RESEND_SECONDS",
+              loads=("signing_key",)),
         # Its row in the outbox holds the lease (an attempt's timeout plus slack: jobs/webhooks/delivery.py).
         Stage("webhook", "jobs.pipeline.tasks.deliver_webhook", "QUEUE_WEBHOOKS", process="webhooks"),
     )

@@ -192,6 +192,11 @@ class GenerationJob(models.Model):
     guidance_scale = models.FloatField()
     seed = models.BigIntegerField()
     count = models.PositiveSmallIntegerField(default=1)
+    # A video job (a video model's, scheduling/catalogue.py): frames per clip and their rate; each
+    # of its `count` outputs is a clip (an image row whose files are an MP4, a poster, sprites and
+    # HLS: docs/video.md). 1 and 0 for an image job.
+    frames = models.PositiveSmallIntegerField(default=1)
+    fps = models.PositiveSmallIntegerField(default=0)
     model_version = models.CharField(max_length=100)
     scheduler = models.CharField(max_length=60, blank=True, default="")
     # The image files: encoded once, at the GPU worker's hand-off (jobs/media/encoding.py).
@@ -316,6 +321,10 @@ class GeneratedImage(models.Model):
     # a regeneration reproduces these bytes, not the signature's. Empty for older files (no credentials).
     content_sha256 = models.CharField(max_length=64, blank=True, default="")
     content_type = models.CharField(max_length=60, default="image/png")
+    # A video's other files (its storage_key is the MP4): {"poster": key, "sprites": key, "playlist":
+    # key, "files": [every key, the MP4's first]}; {} for an image. Until publish, storage_key is the
+    # clip's frames side by side in one PNG (quarantine), which the image gate judges frame by frame.
+    media = models.JSONField(default=dict, blank=True)
     # public: delivered, served by URL; quarantine: held or blocked, private storage, staff only.
     tier = models.CharField(max_length=16, default="public", db_index=True)
     # Retention: view count (flushed from Redis), cold tier, bytes dropped (regenerable from

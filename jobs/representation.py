@@ -27,6 +27,28 @@ def image_json(image) -> dict:
     }
 
 
+def video_json(image) -> dict:
+    """A delivered clip: its MP4 (`url`), poster, sprite sheet and HLS playlist, each an immutable
+    public object (jobs/pipeline/publish.py publish_clip)."""
+    media = image.media or {}
+    frames, fps = int(media.get("frames") or 0), int(media.get("fps") or 0)
+    return {
+        "id": str(image.id),
+        "index": image.index,
+        "seed": image.seed,
+        "url": image_url(image.storage_key),
+        "poster_url": image_url(media["poster"]),
+        "playlist_url": image_url(media["playlist"]),
+        "sprites_url": image_url(media["sprites"]),
+        "width": image.width,
+        "height": image.height,
+        "frames": frames,
+        "fps": fps,
+        "seconds": round(frames / fps, 3) if fps else None,
+        "content_type": image.content_type,
+    }
+
+
 # A done job's images, read once per poll: compiled once (imagegen/precompiled.py).
 _IMAGES_OF = Precompiled(lambda job: GeneratedImage.objects.filter(job_id=job),
                          job=GeneratedImage._meta.get_field("job"))
@@ -38,7 +60,16 @@ def delivered_images(job: GenerationJob) -> list[dict]:
         return []
     prefetched = getattr(job, "_prefetched_objects_cache", {}).get("images")
     images = prefetched if prefetched is not None else _IMAGES_OF(job=job.pk)
-    return [image_json(im) for im in images if im.tier == "public"]
+    return [image_json(im) for im in images if im.tier == "public" and not im.media]
+
+
+def delivered_videos(job: GenerationJob) -> list[dict]:
+    """A done video job's clips (only delivered ones ever get a URL); [] for an image job."""
+    if job.status != "done" or job.frames == 1:
+        return []
+    prefetched = getattr(job, "_prefetched_objects_cache", {}).get("images")
+    images = prefetched if prefetched is not None else _IMAGES_OF(job=job.pk)
+    return [video_json(im) for im in images if im.tier == "public" and im.media]
 
 
 def status_event(job: GenerationJob) -> dict:
@@ -49,6 +80,8 @@ def status_event(job: GenerationJob) -> dict:
         "reason": job.reason,
         "images": delivered_images(job),
     }
+    if job.frames > 1:
+        event["videos"] = delivered_videos(job)
     if job.rewrite:  # what is drawn, once the rewriter has run (null before), and what it substituted
         event["revised_prompt"] = revised_prompt(job)
         event["rewrite_notes"] = rewrite_notes(job)
@@ -76,6 +109,12 @@ class JobSerializer(serializers.ModelSerializer):
         "publish, review, done, blocked, failed, cancelled); `status` is the user's view of it, derived from it."))
     progress = serializers.SerializerMethodField()
     images = serializers.SerializerMethodField()
+    videos = serializers.SerializerMethodField(help_text=(
+        "A video job's delivered clips: `url` (the MP4, H.264, faststart, with content credentials), `poster_url`, "
+        "`playlist_url` (HLS, fMP4 segments, two renditions), `sprites_url`, `width`, `height`, `frames`, `fps`, "
+        "`seconds`, `content_type`; [] for an image job and until done."))
+    frames = serializers.IntegerField(read_only=True, help_text="Frames per clip: 1 for an image job.")
+    fps = serializers.IntegerField(read_only=True, help_text="A video job's frames per second; 0 for an image job.")
     batch = serializers.SerializerMethodField()
     events_url = serializers.SerializerMethodField()
     websocket_url = serializers.SerializerMethodField()
@@ -88,7 +127,7 @@ class JobSerializer(serializers.ModelSerializer):
             "blocked_stage", "attempts", "queue_wait_seconds", "batch", "degraded", "requested_steps",
             "eta_seconds", "queue_position", "appeal", "output_format", "output_compression", "images", "events_url",
             "websocket_url", "priority", "cancel_after", "deadline_at", "webhook_url", "rewrite", "revised_prompt",
-            "rewriter", "rewrite_notes",
+            "rewriter", "rewrite_notes", "frames", "fps", "videos",
         ]
         read_only_fields = fields
 
@@ -144,6 +183,9 @@ class JobSerializer(serializers.ModelSerializer):
 
     def get_images(self, job) -> list[dict]:
         return delivered_images(job)
+
+    def get_videos(self, job) -> list[dict]:
+        return delivered_videos(job)
 
     def get_batch(self, job) -> dict | None:
         if job.batch_id is None:
@@ -219,6 +261,9 @@ _FAST = {
     "revised_prompt": lambda s, job: revised_prompt(job),
     "rewriter": lambda s, job: job.rewriter_version or None,
     "rewrite_notes": lambda s, job: rewrite_notes(job),
+    "frames": lambda s, job: int(job.frames),
+    "fps": lambda s, job: int(job.fps),
+    "videos": JobSerializer.get_videos,
 }
 if set(_FAST) != set(JobSerializer.Meta.fields):  # a field added to Meta.fields needs its getter here
     raise ImproperlyConfigured(f"JobSerializer fast path out of step: {sorted(set(_FAST) ^ set(JobSerializer.Meta.fields))}")

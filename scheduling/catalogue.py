@@ -26,6 +26,10 @@ few-step version the 400 suggests instead (models/shapes-v2: 12 and shapes-v2-lc
 blobs were read as stars and hearts by the image gate, issue 46).
 `batch_caps` and `fill_wait` are what `manage.py measure_batch_caps
 --model-version V` suggests for that model (scheduling/scheduler.py applies them per version).
+`video`: the model draws clips, not images (`{"frames": 16, "fps": 8, "base": "../shapes-v2"}`: a
+motion module in the AnimateDiff way beside the image model it animates, gpu_tasks/video_model.py);
+a job on it has that many frames, its cost is frames x steps, and publish delivers an MP4, a poster and
+HLS (docs/video.md). `sizes`: the only sizes of the menu it draws (`["64x64"]`; absent: the whole menu).
 `kinds_right`: the measured share of held-out captions whose shape kind the model draws right, per
 steps (`{"12": 0.99, "8": 0.83}`; `kinds_right_by` names the command that measured it,
 bench/model_eval.py by the geometric judge). Admission under load compares the student's figure at
@@ -65,6 +69,14 @@ class ServedModel:
     min_steps: int = 1  # fewer steps are refused (a 400 naming `steps`)
     student: str = ""  # a served few-step version to ask for instead of fewer steps than min_steps
     kinds_right: tuple = ()  # ((steps, share of kinds drawn right), ...) measured, fewest steps first
+    frames: int = 1  # a video model's frames per clip (1: an image model)
+    fps: int = 0  # a video model's frames per second
+    base: str = ""  # a video model: the folder of the image model its motion module animates
+    sizes: tuple = ()  # ((width, height), ...) the menu sizes it draws; (): every one
+
+    @property
+    def is_video(self) -> bool:
+        return self.frames > 1
 
     def kinds_right_at(self, steps: int) -> float | None:
         """The measured kinds-right share at `steps`: the figure of the most steps measured at or
@@ -80,6 +92,8 @@ class ServedModel:
             "min_steps": self.min_steps,
             "max_steps": self.max_steps,
             "guidance_scale": self.guidance_scale,
+            **({"kind": "video", "frames": self.frames, "fps": self.fps,
+                "sizes": [f"{w}x{h}" for w, h in self.sizes]} if self.is_video else {"kind": "image"}),
         }
 
     def below_floor(self) -> str:
@@ -131,7 +145,20 @@ def _served_model(version: str, path: Path, default: bool) -> ServedModel:
         min_steps=min_steps,
         student=str(prof.get("student", "")),
         kinds_right=tuple(sorted((int(k), float(v)) for k, v in dict(prof.get("kinds_right", {})).items())),
+        **_video(prof, Path(path)),
     )
+
+
+def _video(prof: dict, path: Path) -> dict:
+    """A video model's frames, fps, base image model and sizes from its serving.json."""
+    video = prof.get("video") if isinstance(prof.get("video"), dict) else None
+    out: dict = {}
+    if video:
+        out = {"frames": max(2, int(video.get("frames", 16))), "fps": max(1, int(video.get("fps", 8))),
+               "base": str((path / str(video.get("base", ""))).resolve()) if video.get("base") else ""}
+    sizes = [str(s).lower().split("x") for s in prof.get("sizes", [])]
+    out["sizes"] = tuple((int(w), int(h)) for w, h in sizes)
+    return out
 
 
 @lru_cache(maxsize=8)

@@ -122,10 +122,15 @@ _SHIPPED_V1 = BASE_DIR / "models" / "shapes-v1"
 _SHIPPED_V2 = BASE_DIR / "models" / "shapes-v2"
 _SHIPPED_STUDENTS = [BASE_DIR / "models" / "shapes-v2-lcm", BASE_DIR / "models" / "shapes-v1-lcm"]
 _SHIPPED_REWRITER = BASE_DIR / "models" / "rewriter-v2"
+# The video model: shapes-v2's motion module (a MotionAdapter folder, no model_index.json), served
+# beside shapes-v2 when both are on disk (docs/video.md).
+_SHIPPED_VIDEO = BASE_DIR / "models" / "shapes-v2-motion"
 
 
 def _shipped() -> list[Path]:
-    return [m for m in (_SHIPPED_V2, _SHIPPED_V1, *_SHIPPED_STUDENTS) if (m / "model_index.json").exists()]
+    images = [m for m in (_SHIPPED_V2, _SHIPPED_V1, *_SHIPPED_STUDENTS) if (m / "model_index.json").exists()]
+    video = [_SHIPPED_VIDEO] if _SHIPPED_V2 in images and (_SHIPPED_VIDEO / "config.json").exists() else []
+    return images + video
 
 
 def _default_model(c: SimpleNamespace) -> Path:

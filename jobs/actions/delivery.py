@@ -140,11 +140,13 @@ def _within_review_cap(outcome: Outcome) -> Outcome:
     ))
 
 
-def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple[list[str], set[str]] | None:
+def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None,
+                 clips: dict | None = None) -> tuple[list[str], set[str]] | None:
     """Publish: each job's final stage, done, blocked or review (compare-and-set on the stage
     `publish`, this batch, this attempt)
     with its images public when it is done, in one transaction; publish -> done, only by the run
-    holding the stage. The caller has copied the allowed images to public storage already.
+    holding the stage. The caller has copied the allowed images to public storage already (and
+    packaged each done clip: `clips`, its row's fields naming its public files, by row id).
     Returns (the jobs finished, the jobs this run saw leave the batch under its lock: cancelled
     meanwhile, whose copies the caller removes), or None when this run does not hold the stage:
     another run finished it or took it over, and the caller touches nothing."""
@@ -167,6 +169,9 @@ def finish_batch(batch_id, run: str, outcomes: list[Outcome], now=None) -> tuple
             metrics.count_jobs(outcome.status, locked.model_version)
             if outcome.status == JobStatus.DONE:
                 GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id).update(tier="public")
+                for image_id in GeneratedImage.objects.filter(job__id=outcome.job_id, batch_id=batch_id,
+                                                              id__in=list(clips or ())).values_list("id", flat=True):
+                    GeneratedImage.objects.filter(id=image_id).update(**(clips or {})[image_id])
         rest = {o.job_id for o in outcomes} - set(finished)
         gone = {str(j) for j in GenerationJob.objects.filter(id__in=rest).exclude(
             stage=JobStage.PUBLISH, batch_id=batch_id).values_list("id", flat=True)}

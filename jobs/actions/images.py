@@ -35,9 +35,12 @@ def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> i
             continue
         taken += 1
         if not GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public").exists():
-            row = PendingUnpublish.objects.create(storage_key=image.storage_key, keep_private_copy=keep_private_copy,
-                                                  urls=[image_url(image.storage_key)])
-            outbox.append(row.id)
+            # A clip's every file goes (its MP4 first: the one a moderator keeps a private copy of).
+            keys = (image.media or {}).get("files") or [image.storage_key]
+            for n, key in enumerate(keys):
+                row = PendingUnpublish.objects.create(storage_key=key, keep_private_copy=keep_private_copy and n == 0,
+                                                      urls=[image_url(key)])
+                outbox.append(row.id)
     if outbox:
         transaction.on_commit(partial(drain_unpublish, outbox), robust=True)  # the upkeep retries what fails
     return taken

@@ -43,6 +43,11 @@ class JobCreateSerializer(StrictSerializer):
     seed = StrictIntegerField(required=False, allow_null=True, min_value=0, max_value=2**32 - 1)
     count = StrictIntegerField(required=False, min_value=1, max_value=settings.IMAGEGEN_MAX_COUNT, default=1)
     guidance_scale = StrictFloatField(required=False, min_value=0.0, max_value=30.0)
+    frames = StrictIntegerField(
+        required=False, min_value=1, max_value=1024,
+        help_text="A video: frames per clip (a video model's, GET /api/v1/models `frames`); with no `model`, the "
+        "served video model of that many frames draws it. Absent: the model's (1 for an image model).",
+    )
     allow_degrade = StrictBooleanField(required=False, default=False)
     model = StrictCharField(
         required=False, allow_blank=True, default="", max_length=100,
@@ -121,9 +126,14 @@ class JobCreateSerializer(StrictSerializer):
     def validate(self, attrs: dict) -> dict:
         from scheduling import catalogue
 
-        menu = settings.IMAGEGEN_SIZE_MENU
+        video = _video_model(attrs)
+        menu = list(video.sizes or settings.IMAGEGEN_SIZE_MENU) if video else settings.IMAGEGEN_SIZE_MENU
         width = attrs.get("width", menu[0][0])
         height = attrs.get("height", menu[0][1])
+        if video is not None and (width, height) not in menu:
+            sizes = ", ".join(f"{w}x{h}" for w, h in menu)
+            raise serializers.ValidationError({"width" if width not in {w for w, _ in menu} else "height": [
+                f"the video model {video.version} draws {sizes} only, not {width}x{height}"]})
         if (width, height) not in menu:
             sizes = ", ".join(f"{w}x{h}" for w, h in menu)
             field = "width" if width not in {w for w, _ in menu} else "height"
@@ -143,6 +153,7 @@ class JobCreateSerializer(StrictSerializer):
             attrs["model"], attrs["variant"] = model, variant_for(tier, model)
         served = catalogue.get(attrs.get("model"))
         assert served is not None  # validate_model; a tier's model is served (catalogue)
+        attrs["frames"], attrs["fps"] = served.frames, served.fps
         attrs.setdefault("steps", served.default_steps)
         attrs.setdefault("guidance_scale", served.guidance_scale)
         if attrs.get("negative_prompt"):
@@ -164,6 +175,31 @@ class JobCreateSerializer(StrictSerializer):
                 {"steps": [f"{served.version} runs at most {served.max_steps} steps"]}
             )
         return attrs
+
+
+def _video_model(attrs: dict):
+    """The video model a request asks for (by `model`, or by `frames` with no model: the served
+    video model of that many frames), None for an image request; a 400 naming `frames` where the
+    frames do not fit the model, or no video model is served."""
+    from scheduling import catalogue
+
+    frames = attrs.get("frames")
+    named = catalogue.get(attrs.get("model") or None) if attrs.get("model") else None
+    if named is not None:
+        if frames is not None and frames != named.frames:
+            said = (f"{named.version} draws clips of {named.frames} frames" if named.is_video
+                    else f"{named.version} is an image model (1 frame); a video needs a video model")
+            raise serializers.ValidationError({"frames": [said]})
+        return named if named.is_video else None
+    if frames is None or frames == 1:
+        return None
+    videos = [m for m in catalogue.served().values() if m.is_video]
+    chosen = next((m for m in videos if m.frames == frames), None)
+    if chosen is None:
+        offered = ", ".join(f"{m.version}: {m.frames}" for m in videos) or "none is served here"
+        raise serializers.ValidationError({"frames": [f"no served video model draws {frames} frames ({offered})"]})
+    attrs["model"] = chosen.version
+    return chosen
 
 
 class AppealSerializer(StrictSerializer):

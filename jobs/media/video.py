@@ -190,6 +190,26 @@ def package(frames: Sequence[Image.Image] | np.ndarray, fps: int, ladder: Sequen
 
 # --- reading the files back (checks, tests and the benchmark) ---------------------------------
 
+def strip_of(frames: list[Image.Image]) -> Image.Image:
+    """A clip's frames side by side, left to right, in one RGB picture."""
+    width, height = frames[0].size
+    strip = Image.new("RGB", (width * len(frames), height))
+    for i, frame in enumerate(frames):
+        strip.paste(frame.convert("RGB"), (i * width, 0))
+    return strip
+
+
+def frames_of(strip: Image.Image, frames: int) -> np.ndarray:
+    """The frames of a strip as (frames, height, width, 3) uint8; ValueError when the strip is not
+    `frames` frames wide (fail closed: the gate never judges part of a clip as the whole)."""
+    arr = np.asarray(strip.convert("RGB"))
+    height, width, _ = arr.shape
+    if frames < 2 or width % frames:
+        raise ValueError(f"a {width}x{height} picture is not a strip of {frames} frames")
+    side = width // frames
+    return np.stack([arr[:, i * side:(i + 1) * side] for i in range(frames)])
+
+
 def boxes(data: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[str, int, int]]:
     """The ISO BMFF boxes between start and end: (type, offset, size)."""
     end = len(data) if end is None else end

@@ -1,6 +1,11 @@
 """The classify stage (the classify queue): the image gate on a batch's quarantined images, one
 verdict per image, then the batch moves on to publish.
 
+A video's row is its clip's frames side by side (gpu_tasks/video_model.py): the gate judges its
+frames (safety/frame_gate.py: every `image.frame_stride`-th one, the first and the last) and the
+worst frame decides the clip's one verdict; a strip that is not the job's frames wide is a gate
+error (not delivered).
+
 Its workers read the images from quarantine (the bytes never pass through the broker). In
 production they are pinned to a GPU (IMAGEGEN_DEVICE) or run on a cheap fleet; in the embedded
 default a worker of its own serves the classify queue, so a slow gate delays no prompt check.
@@ -14,9 +19,10 @@ from PIL import Image
 
 from jobs import actions
 from jobs.media.storage import quarantine_storage
+from jobs.media.video import frames_of
 from jobs.models import Batch, BatchStage
 from jobs.pipeline import stages
-from safety import image_gate
+from safety import frame_gate, image_gate
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +38,33 @@ def _judge(images: list[Image.Image]) -> tuple[list | None, str]:
     malformed answer or a timeout (whose run cannot be stopped: a second try at once would run
     beside it), so the batch fails closed now; storage errors reading the images are the
     stage's to retry (its row's retry options)."""
+    if not images:
+        return [], ""
     try:
         return image_gate.judge(images), ""
     except image_gate.ImageGateError as exc:
         log.warning("the image gate failed: %s", exc)
         return None, str(exc)
+
+
+def _judge_rows(rows, pictures: list[Image.Image]) -> tuple[list | None, str]:
+    """One judgement per row: the stills in one batched call of the gate, each clip by its frames."""
+    clips = {i: row.job.frames for i, row in enumerate(rows) if row.job.frames > 1}
+    stills, gate_error = _judge([p for i, p in enumerate(pictures) if i not in clips])
+    if stills is None:
+        return None, gate_error
+    out, still = [], iter(stills)
+    for i, picture in enumerate(pictures):
+        if i not in clips:
+            out.append(next(still))
+            continue
+        try:
+            frames = [Image.fromarray(frame) for frame in frames_of(picture, clips[i])]
+            out.append(frame_gate.judge_frames(frames).judgement)
+        except (image_gate.ImageGateError, ValueError) as exc:
+            log.warning("the image gate failed on a clip: %s", exc)
+            return None, str(exc)
+    return out, ""
 
 
 def classify(batch_id: str) -> bool:
@@ -54,7 +82,7 @@ def _classify(batch_id: str, run: str) -> bool:
         return False
     rows = actions.live_images(batch)
     pictures = [_load(row.storage_key) for row in rows]  # storage errors propagate: the task retries
-    judgements, gate_error = _judge(pictures) if pictures else ([], "")
+    judgements, gate_error = _judge_rows(rows, pictures) if pictures else ([], "")
     verdicts = [] if judgements is None else [
         SafetyVerdict(
             job_id=row.job_id, image=row, image_index=row.index, stage="image", decision=j.decision,

@@ -6,10 +6,17 @@ public storage by a server-side copy, before the transaction that marks them pub
 public URL never points at missing bytes; held and blocked images stay private. Then one
 transaction sets every job's status (compare-and-set), and after it commits: the request-hash
 cache entries, the final events (actions), the metrics.
+
+A done clip (a video job's row: its frames side by side in quarantine) is packaged here, off the
+GPU worker: an MP4 with its content credentials, a poster, a sprite sheet and HLS
+(jobs/media/video.py), each an immutable public object under `v/<row id>/`, written once (a
+duplicate run finds them and writes nothing); the row then names the MP4 and lists the rest in its
+`media`, in the transaction that makes it public. Held and blocked clips stay the private strip.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict
 
@@ -18,7 +25,14 @@ from django.utils import timezone
 from imagegen import metrics, stage_table
 from jobs import actions
 from jobs.media import cache
-from jobs.media.storage import delete_quietly, publish_object, quarantine_storage, unpublish_object
+from jobs.media.storage import (
+    delete_quietly,
+    public_storage,
+    publish_object,
+    quarantine_storage,
+    store_bytes,
+    unpublish_object,
+)
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
 from jobs.pipeline import stages
 from scheduling import costs
@@ -61,27 +75,78 @@ def _publish(batch_id: str, run: str) -> list[str]:
     verdicts = {v.image_id: v for v in SafetyVerdict.objects.filter(image__in=images, stage="image")}
     outcomes = [_outcome(jobs[j], by_job[j], verdicts, batch.gate_error) for j in jobs]
     done = {o.job_id for o in outcomes if o.status == JobStatus.DONE}
+    clips: dict = {}  # a done clip's row id -> its fields once packaged
     for image in images:
         if str(image.job_id) in done:
-            publish_object(image.storage_key)
+            if image.job.frames > 1:
+                clips[image.id] = publish_clip(image, image.job)
+            else:
+                publish_object(image.storage_key)
     now = timezone.now()
     _record_overhead(batch, [jobs[o.job_id] for o in outcomes], now)  # before the commit a watcher sees
-    result = actions.finish_batch(batch_id, run, outcomes, now)
+    result = actions.finish_batch(batch_id, run, outcomes, now, clips)
     if result is None:
         return []  # another run finished the batch, or took this one's lease: touch nothing
     finished, dropped = result
     for image in images:
         if str(image.job_id) in dropped:  # seen cancelled under this run's lock
-            if str(image.job_id) in done:
+            if image.id in clips:
+                for key in clips[image.id]["media"]["files"]:
+                    unpublish_object(key, keep_private_copy=False)
+            elif str(image.job_id) in done:
                 unpublish_object(image.storage_key, keep_private_copy=False)
             else:
                 delete_quietly(image.storage_key, quarantine_storage())
+    for image in images:  # a published clip's strip has done its work (its frames are the files now)
+        if image.id in clips and str(image.job_id) in set(finished) - dropped:
+            delete_quietly(image.storage_key, quarantine_storage())
     delivered = list(GenerationJob.objects.filter(id__in=finished).prefetch_related("images"))
     for job in delivered:
-        cache.remember(job)
+        if job.frames == 1:  # a clip's files are not cached (jobs/pipeline/submit.py)
+            cache.remember(job)
         if job.status == JobStatus.DONE and job.finished_at is not None:
             metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
     return finished
+
+
+def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
+    """Package a done clip's strip into its public files (see the module's docstring); returns the
+    row's fields naming them. Idempotent: a file already public is read back, not written again
+    (its credentials were signed once), so every run answers the same fields."""
+    from PIL import Image
+
+    from jobs.media import credentials, encoding, video
+
+    with quarantine_storage().open(image.storage_key, "rb") as f:
+        strip = Image.open(f)
+        strip.load()
+    package = video.package(video.frames_of(strip, job.frames), job.fps or 8)
+    public, prefix = public_storage(), f"v/{image.id.hex}/"
+    parameters = encoding.ImageParameters.of(job, image.seed, job.negative_prompt)
+    fields: dict = {}
+    for file in package.files:
+        key = prefix + file.name
+        if public.exists(key):
+            if file.name == "video.mp4":
+                with public.open(key, "rb") as f:
+                    data = f.read()
+                fields.update(byte_size=len(data), sha256=hashlib.sha256(data).hexdigest())
+            continue
+        data = file.data
+        if file.name == "video.mp4":
+            fields["content_sha256"] = credentials.content_digest(data)
+            data = credentials.sign(data, "mp4", parameters)
+            fields.update(byte_size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        store_bytes(data, public, key)  # a transient error: the publish stage retries (its row)
+    fields.setdefault("content_sha256", credentials.content_digest(package.file("video.mp4").data))
+    names = [prefix + f.name for f in package.files]
+    fields.update(
+        storage_key=prefix + "video.mp4", content_type="video/mp4",
+        width=package.width, height=package.height,
+        media={"poster": prefix + "poster.png", "sprites": prefix + "sprites.png", "playlist": prefix + "hls/master.m3u8",
+               "strip": image.storage_key, "files": names, "frames": package.frames, "fps": package.fps},
+    )
+    return fields
 
 
 def _record_overhead(batch: Batch, jobs: list[GenerationJob], now) -> None:

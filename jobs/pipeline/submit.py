@@ -53,6 +53,8 @@ def _submit(owner, data: dict) -> GenerationJob:
         guidance_scale=data["guidance_scale"],
         seed=seed,
         count=data["count"],
+        frames=data.get("frames") or 1,
+        fps=data.get("fps") or 0,
         progress_total=data["steps"],
         output_format=data.get("output_format") or "png",
         output_compression=data.get("output_compression"),
@@ -70,12 +72,15 @@ def _submit(owner, data: dict) -> GenerationJob:
 
     # The estimate's summary entry is read in the cache lookup's round trip (a miss needs it).
     admission.read_ahead(shape_for(job.steps), job.count, scheduler.tier_of(job.priority))
-    cache.read_ahead_in_flight(job, shared)  # and the in-flight notes a join needs
-    cached, cross_user = _usable(cache.lookup(job, shared), job.count)
+    # A video is neither looked up nor joined: its files are a set the cache does not copy (yet).
+    reusable = job.frames == 1
+    if reusable:
+        cache.read_ahead_in_flight(job, shared)  # and the in-flight notes a join needs
+    cached, cross_user = _usable(cache.lookup(job, shared), job.count) if reusable else ({}, False)
     job.estimate = None
 
     def joinable() -> tuple:
-        return (None, False) if cached or cross_user else cache.in_flight(job, shared)
+        return (None, False) if cached or cross_user or not reusable else cache.in_flight(job, shared)
 
     # The owner's own join spends no GPU and skips admission, as the owner's own cache hit does.
     leader, joins_across = joinable()
@@ -92,7 +97,7 @@ def _submit(owner, data: dict) -> GenerationJob:
             metrics.inc("imagegen_degraded_total", to="student" if rung.student else "steps")
             job.degraded, job.requested_steps, job.steps, job.progress_total = True, job.steps, steps, steps
             job.model_version, job.guidance_scale, job.scheduler = rung.model_version, rung.guidance_scale, rung.variant
-            cached, cross_user = _usable(cache.lookup(job, shared), job.count)
+            cached, cross_user = _usable(cache.lookup(job, shared), job.count) if reusable else ({}, False)
             leader, joins_across = joinable()
     if leader is not None:
         # An identical request in flight: this job joins its pass (no GPU of its own), checked by
@@ -108,7 +113,8 @@ def _submit(owner, data: dict) -> GenerationJob:
         job.billable_images, job.cache_reveal_at = job.count, cache.reveal_at(job, job.estimate.eta_seconds)
         cached = {}
     else:
-        job.billable_images = job.count - len(cached)
+        # The quota counts GPU work in images: a clip is its frames' worth.
+        job.billable_images = (job.count - len(cached)) * job.frames
         cached = cache.own_copies(job, cached)  # each hit a file of this job's own, in its format
     try:
         with transaction.atomic():
@@ -123,7 +129,7 @@ def _submit(owner, data: dict) -> GenerationJob:
                 # answer that invites a duplicate; the reaper re-sends lost prompt checks.
                 # The first stage, through the stage table (imagegen/stage_table.py: its task and queue).
                 transaction.on_commit(lambda: stages.send("prompt", str(job.id)), robust=True)
-                if not cached and leader is None and job.cache_reveal_at is None:
+                if reusable and not cached and leader is None and job.cache_reveal_at is None:
                     # to be generated: an identical request arriving while it is in flight joins it
                     transaction.on_commit(lambda: cache.register_in_flight(job), robust=True)
     except BaseException:
