@@ -32,7 +32,8 @@ class Scripted:
     """Modes: unset -> clean scores (allow); raise; hang (until the mode changes);
     slow:N (N seconds a batch, then clean); none (returns None); short (too few results); nan / missing / text (a malformed score);
     json:{label: score} for every image (labels not given score 0);
-    first:N:{label: score}: those scores for the first N batches scored, clean ones after."""
+    first:N:{label: score}: those scores for the first N batches scored, clean ones after;
+    index:K:{label: score}: those scores for the K-th image of every batch, clean ones for the rest."""
 
     version = "scripted-test-classifier"
     labels = ("star", "heart")
@@ -69,6 +70,9 @@ class Scripted:
             if _redis().incr(CALLS_KEY) > int(count):
                 return [dict(CLEAN) for _ in images]
             mode = "json:" + given
+        if mode.startswith("index:"):  # index:K:{label: score}: those scores for the K-th image of each batch only
+            _, index, given = mode.split(":", 2)
+            return [{**CLEAN, **json.loads(given)} if i == int(index) else dict(CLEAN) for i in range(len(images))]
         if mode.startswith("json:"):
             scores = {**CLEAN, **json.loads(mode[5:])}
             return [dict(scores) for _ in images]

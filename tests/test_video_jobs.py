@@ -1,0 +1,145 @@
+"""Video jobs end to end: the shipped motion model (models/shapes-v2-motion over models/shapes-v2)
+on a GPU lane of its own, through the real stages (prompt check, generate, the frame gate at
+classify, publish packaging the clip off the GPU worker), delivered as an MP4 with content
+credentials, a poster, sprites and HLS; a frame judged unsafe blocks the whole clip; and the
+submit's 400s for frames that do not fit."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from PIL import Image
+
+from jobs.media import credentials
+from jobs.media import video as media
+from jobs.media.storage import public_storage, quarantine_storage
+from jobs.models import GenerationJob
+from tests.conftest import ROOT, admitted_to, wait_for_status, watch_job
+
+VERSION = "shapes-v2-motion"
+MOTION = ROOT / "models" / VERSION
+LANE = "vid"  # the GPU lane of the video model in this test (IMAGEGEN_MODEL_NAME of its worker)
+SERVED = {VERSION: str(MOTION)}
+CLIP = {"prompt": "a red circle moving left to right on a blue background", "frames": 16, "steps": 4, "seed": 5,
+        "rewrite": "off"}
+
+pytestmark = pytest.mark.skipif(not (MOTION / "config.json").exists(), reason="the motion model is not in this checkout")
+
+
+def read(key: str) -> bytes:
+    with public_storage().open(key, "rb") as f:
+        return f.read()
+
+
+@pytest.fixture
+def video_lane(transactional_db, start_worker, workers):
+    """A GPU worker serving the video model's lane (its version selectable in this process too)."""
+    lane = f"{LANE}@{VERSION}"
+    worker = start_worker("gpu-video", f"{settings.QUEUE_GPU_PREFIX}{lane}", IMAGEGEN_MODEL_NAME=LANE,
+                          IMAGEGEN_EXTRA_MODELS=f"{VERSION}={MOTION}", IMAGEGEN_FILL_WAIT="0.2",
+                          IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0")
+    with override_settings(IMAGEGEN_EXTRA_MODELS=SERVED):
+        yield lane
+    worker.stop()
+
+
+def submit(api, lane: str, **body) -> dict:
+    with admitted_to(LANE, held=True):
+        response = api.post("/api/v1/jobs", {**CLIP, **body}, format="json")
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def test_a_clip_is_drawn_gated_and_delivered_as_mp4_poster_and_hls_with_credentials(video_lane, alice_api):
+    job = submit(alice_api, video_lane)
+    assert (job["model"], job["frames"], job["fps"], job["width"], job["height"]) == (VERSION, 16, 8, 64, 64)
+    seen = watch_job(job["id"], timeout=180, wake_lane=video_lane)
+    row = wait_for_status(job["id"], ("done",))
+    assert row.status == "done", row.reason
+    assert [e["step"] for e in seen if e["type"] == "progress"] == [1, 2, 3, 4]
+    answer = alice_api.get(f"/api/v1/jobs/{job['id']}").json()
+    assert answer["images"] == [] and len(answer["videos"]) == 1
+    clip = answer["videos"][0]
+    assert (clip["frames"], clip["fps"], clip["seconds"], clip["content_type"]) == (16, 8, 2.0, "video/mp4")
+    image = row.images.get()
+    assert image.tier == "public" and image.media["files"][0] == image.storage_key
+    # The MP4: faststart (moov before mdat), 16 frames at the top rendition's size, signed.
+    mp4 = read(image.storage_key)
+    boxes = media.top_level(mp4)
+    assert boxes.index("moov") < boxes.index("mdat")
+    frames = media.decode(mp4)
+    assert frames.shape == (16, clip["height"], clip["width"], 3)
+    # A clip, not one picture repeated: its frames differ (the shape moves).
+    assert not np.array_equal(frames[0], frames[-1])
+    checked = credentials.verify(mp4)
+    assert checked.ok, checked.failures
+    tampered = bytearray(mp4)
+    tampered[mp4.index(b"mdat") + 64] ^= 0xFF
+    assert not credentials.verify(bytes(tampered)).ok
+    assert image.sha256 == __import__("hashlib").sha256(mp4).hexdigest()
+    # The poster is the first frame; the sprite sheet holds all 16.
+    poster = Image.open(io.BytesIO(read(image.media["poster"])))
+    assert poster.size == (clip["width"], clip["height"])
+    sprites = Image.open(io.BytesIO(read(image.media["sprites"])))
+    assert sprites.size == (64 * media.SPRITE_COLUMNS, 64 * (16 // media.SPRITE_COLUMNS))
+    # HLS: a master playlist of two renditions, each with its init segment and media segments.
+    master = read(image.media["playlist"]).decode()
+    variants = [line for line in master.splitlines() if line and not line.startswith("#")]
+    assert len(variants) == 2
+    prefix = image.media["playlist"].rsplit("/", 1)[0] + "/"
+    for variant in variants:
+        playlist = read(prefix + variant).decode()
+        folder = (prefix + variant).rsplit("/", 1)[0] + "/"
+        init = next(line for line in playlist.splitlines() if line.startswith("#EXT-X-MAP:URI="))
+        assert "moov" in media.top_level(read(folder + init.split('"')[1]))
+        segments = [line for line in playlist.splitlines() if line.endswith(".m4s")]
+        assert len(segments) == 2 and all("moof" in media.top_level(read(folder + s)) for s in segments)
+    # Every URL the job lists names a public object; the strip it was judged from is gone from quarantine.
+    assert all(public_storage().exists(key) for key in image.media["files"])
+    assert not quarantine_storage().exists(image.media["strip"])
+
+
+def test_one_frame_judged_unsafe_blocks_the_whole_clip(video_lane, alice_api, classifier_mode):
+    classifier_mode('index:7:{"star": 0.99}')  # the 8th image of every batch the gate scores
+    job = submit(alice_api, video_lane, seed=6)
+    watch_job(job["id"], timeout=180, wake_lane=video_lane)
+    row = wait_for_status(job["id"], ("blocked",))
+    assert row.status == "blocked" and row.blocked_stage == "image"
+    assert "frame 7 of 16" in row.verdicts.get(stage="image").notes
+    image = row.images.get()
+    assert image.tier == "quarantine" and not image.media  # never packaged, nothing public
+    assert not public_storage().exists(f"v/{image.id.hex}/video.mp4")
+    assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["videos"] == []
+
+
+@pytest.mark.django_db
+@override_settings(IMAGEGEN_EXTRA_MODELS=SERVED)
+@pytest.mark.parametrize(("body", "field", "said"), [
+    ({"frames": 8}, "frames", "no served video model draws 8 frames"),
+    ({"model": VERSION, "frames": 8}, "frames", "draws clips of 16 frames"),
+    ({"model": VERSION, "width": 96, "height": 96}, "width", "draws 64x64 only"),
+    ({"frames": 16, "model": ""}, None, None),
+])
+def test_frames_that_do_not_fit_are_a_400_naming_the_field(alice_api, body, field, said):
+    payload = {"prompt": "a red circle moving left to right on a blue background", "rewrite": "off", **body}
+    with admitted_to(LANE, held=True):
+        response = alice_api.post("/api/v1/jobs", payload, format="json")
+    if field is None:
+        assert response.status_code == 202, response.content
+        assert (response.json()["model"], response.json()["frames"]) == (VERSION, 16)
+        GenerationJob.objects.filter(id=response.json()["id"]).delete()
+        return
+    assert response.status_code == 400, response.content
+    assert said in response.json()[field][0]
+
+
+@pytest.mark.django_db
+def test_an_image_model_takes_no_frames(alice_api):
+    response = alice_api.post("/api/v1/jobs", {"prompt": "a red circle", "frames": 16, "model": settings.IMAGEGEN_MODEL_VERSION},
+                              format="json")
+    assert response.status_code == 400
+    assert "image model" in response.json()["frames"][0]
