@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 
 from django.conf import settings
 from django.db import transaction
@@ -276,3 +277,44 @@ def serve_image(request, key: str):
     response["Cache-Control"] = settings.IMAGE_CACHE_CONTROL
     return response
 
+
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+@require_GET
+def serve_clip_file(request, clip: str, name: str):
+    """A delivered clip's files from local storage (the MP4, its poster and sprites, the HLS
+    playlists and segments: jobs/pipeline/publish.py publish_clip), with their content types and
+    single byte ranges (a browser seeking in the MP4). Only a public clip's own files are served."""
+    from jobs.media.video import CONTENT_TYPES
+
+    prefix = f"v/{clip}/"
+    media = (GeneratedImage.objects.filter(storage_key=prefix + "video.mp4", tier="public")
+             .values_list("media", flat=True).first())
+    key = prefix + name
+    if not media or key not in media.get("files", []):
+        raise Http404("no such file")
+    storage = public_storage()
+    try:
+        with storage.open(key, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise Http404("no such file") from None
+    content_type = CONTENT_TYPES.get("." + name.rsplit(".", 1)[-1], "application/octet-stream")
+    wanted = _RANGE.fullmatch(request.headers.get("Range", "").strip())
+    if wanted and (wanted[1] or wanted[2]):
+        size = len(data)
+        first, last = (int(wanted[1]), int(wanted[2]) if wanted[2] else size - 1) if wanted[1] else (size - int(wanted[2]), size - 1)
+        if first >= size or first > last:
+            response = HttpResponse(status=416)
+            response["Content-Range"] = f"bytes */{size}"
+            return response
+        last = min(last, size - 1)
+        response = HttpResponse(data[first:last + 1], status=206, content_type=content_type)
+        response["Content-Range"] = f"bytes {first}-{last}/{size}"
+    else:
+        response = HttpResponse(data, content_type=content_type)
+    response["Accept-Ranges"] = "bytes"
+    response["Cache-Control"] = settings.IMAGE_CACHE_CONTROL
+    return response
