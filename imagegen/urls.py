@@ -13,6 +13,7 @@ from jobs.api import review as review_views
 from jobs.api import staff as staff_views
 from jobs.api import verify as verify_views
 from jobs.api.openai import compat as openai_compat
+from jobs.api.openai import videos as openai_videos
 from jobs.api.openai import views as openai_api
 from jobs.pipeline import regenerate
 from jobs.realtime import sse
@@ -50,6 +51,9 @@ urlpatterns = [
     path("v1/images/generations", openai_api.ImageGenerations.as_view(), name="openai-images-generations"),
     path("v1/models", openai_api.ModelList.as_view(), name="openai-models"),
     path("v1/models/<str:model_id>", openai_api.ModelDetail.as_view(), name="openai-model"),
+    path("v1/videos", openai_videos.VideoListCreate.as_view(), name="openai-videos"),
+    path("v1/videos/<str:video_id>", openai_videos.VideoDetail.as_view(), name="openai-video"),
+    path("v1/videos/<str:video_id>/content", openai_videos.VideoContent.as_view(), name="openai-video-content"),
     re_path(r"^v1/(?P<path>.*)$", openai_compat.unknown_route, name="openai-unknown"),  # JSON 404s, never HTML
     re_path(r"^api/(?P<path>.*)$", errors.unknown_route, name="api-unknown"),  # JSON 404s, never HTML
     path("accounts/login/", signin.LoginView.as_view(), name="login"),

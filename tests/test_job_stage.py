@@ -289,7 +289,8 @@ def test_a_worker_loads_before_its_first_task_what_the_rows_of_its_queues_declar
     assert loads_for({settings.QUEUE_CPU}) == ["prompt_filter"]
     assert loads_for({settings.QUEUE_CLASSIFY}) == ["image_gate"]
     assert loads_for({f"{settings.QUEUE_GPU_PREFIX}some-lane", settings.QUEUE_REWRITE}) == ["signing_key", "image_gate", "rewriter", "model"]
-    assert loads_for({settings.QUEUE_IO, settings.QUEUE_WEBHOOKS}) == []
+    assert loads_for({settings.QUEUE_IO, settings.QUEUE_WEBHOOKS}) == ["signing_key"]  # publish signs a clip's MP4
+    assert loads_for({settings.QUEUE_WEBHOOKS}) == []
     # A row that declares a load: a worker of its queue loads it, and no other.
     rows = stage_table.STAGES
     monkeypatch.setitem(rows, "publish", dataclasses.replace(rows["publish"], loads=("image_gate",)))

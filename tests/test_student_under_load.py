@@ -103,9 +103,10 @@ def test_the_shipped_teacher_and_student_record_their_measured_kinds_right(setti
         for name in ("shapes-v2", "shapes-v2-lcm"):
             assert "bench/model_eval.py" in json.loads((ROOT / "models" / name / "serving.json").read_text())["kinds_right_by"]
         [first, second] = degrade.rungs("shapes-v2", 64, 64, 20, 5.0, "", "", v2.degrade_steps)
-        # As measured: at 12 steps the teacher draws more kinds right than the student at 4, so its
-        # student takes only the jobs that 12 steps would not have saved; at 8 the student beats it.
-        assert (first.student, second.student) == (False, True)
+        # As measured after shapes-v2's bucketed fine-tune: at 12 steps the teacher draws fewer kinds
+        # right (95.5%) than the student at 4 (97.25%), so the student goes first and 12 steps on the
+        # teacher take what the student's lane would refuse; at 8 the student beats it too.
+        assert (first.student, second.student) == (True, False)
         assert degrade.rungs("shapes-v2", 64, 64, 20, 5.0, "", "", 8)[0].student
     finally:
         catalogue._catalogue.cache_clear()

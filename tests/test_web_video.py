@@ -1,12 +1,10 @@
 """The page plays a video job's clip (issue 47 item 4), in Debian's chromium (Playwright) against
-daphne: the files are real (jobs.media.video.package of a procedural clip: a red square moving
-across), the job a real done GenerationJob row of alice's, rendered by the page's own code (the
-gallery's tile, then the current job's card). The video pipeline does not exist yet, so the
-browser's requests get from Playwright only what that backend will serve: the job JSON's
-`videos` entry, added to the API's own answer, and the clip's files under /media/v/<job>/
-(local storage's URL form), with their content types and byte ranges. Each way of playing is
-forced in turn: hls.js (chromium as it is), native HLS (no MediaSource, as on an iPhone), the MP4
-(neither), and the MP4 after hls.js failed to load."""
+daphne and the service's own answers: a done video job of alice's whose clip's files (jobs.media.
+video.package of a procedural clip: a red square moving across) are public objects in local
+storage under v/<clip>/, listed by the job JSON's `videos` as the publish stage lists them and
+served by the service's media route (content types, byte ranges). Each way of playing is forced in
+turn: hls.js (chromium as it is), native HLS (no MediaSource, as on an iPhone), the MP4 (neither),
+and the MP4 after hls.js failed to load or the playlist named another host."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 FPS = 8
 ELSEWHERE = "http://media.elsewhere.invalid"
 PROMPT = "a red square moving left to right on a blue background"
-API = re.compile(r"/api/v1/jobs(\?.*|/[0-9a-f-]{36})$")
-MEDIA = re.compile(r"/media/v/[0-9a-f-]{36}/([a-z0-9_/.]+)$")
+MEDIA = re.compile(r"/media/v/[0-9a-f]{32}/([a-z0-9_/.]+)$")
 
 # Browsers by what they can play: chromium as it is (MediaSource: hls.js); an iPhone's Safari
 # (HLS itself, no MediaSource); one with neither (the MP4).
@@ -50,29 +47,35 @@ def clip_files() -> dict[str, video.MediaFile]:
     return {f.name: f for f in video.package(clip(), FPS).files}
 
 
-def done_video_job(owner) -> GenerationJob:
-    return GenerationJob.objects.create(owner=owner, prompt=PROMPT, width=64, height=64, steps=20, guidance_scale=5.0,
-                                        seed=3, model_version="shapes-v2", stage=FIRST_STAGE["done"], progress_total=20)
+def done_video_job(owner, files: dict[str, video.MediaFile] | None = None) -> GenerationJob:
+    """A done video job; with `files`, its clip delivered: each file a public object under
+    v/<clip>/ and the row naming them, as the publish stage leaves them."""
+    job = GenerationJob.objects.create(owner=owner, prompt=PROMPT, width=64, height=64, steps=20, guidance_scale=6.0,
+                                       seed=3, model_version="shapes-v2-motion", frames=16, fps=FPS,
+                                       stage=FIRST_STAGE["done"], progress_total=20)
+    if files is None:
+        return job
+    image = GeneratedImage(job=job, index=0, seed=job.seed, width=256, height=256, sha256="0" * 64, tier="public",
+                           content_type="video/mp4")
+    prefix = f"v/{image.id.hex}/"
+    for f in files.values():
+        public_storage().save(prefix + f.name, ContentFile(f.data))
+    image.storage_key, image.byte_size = prefix + "video.mp4", len(files["video.mp4"].data)
+    image.media = {"poster": prefix + "poster.png", "sprites": prefix + "sprites.png", "playlist": prefix + "hls/master.m3u8",
+                   "files": [prefix + "video.mp4", *(prefix + n for n in files if n != "video.mp4")], "frames": 16, "fps": FPS}
+    image.save()
+    return job
 
 
 def done_image_job(owner) -> GenerationJob:
     """An image job beside it, its PNG in local public storage (served by the page's server)."""
-    job = done_video_job(owner)
+    job = GenerationJob.objects.create(owner=owner, prompt=PROMPT, width=64, height=64, steps=20, guidance_scale=5.0,
+                                       seed=3, model_version="shapes-v2", stage=FIRST_STAGE["done"], progress_total=20)
     data = video.png(Image.fromarray(clip()[0]))
     key = public_storage().save(new_image_key(), ContentFile(data))
     GeneratedImage.objects.create(job=job, index=0, seed=job.seed, storage_key=key, width=64, height=64,
                                   byte_size=len(data), sha256="0" * 64, tier="public")
     return job
-
-
-def videos_entry(job: GenerationJob, files: dict[str, video.MediaFile]) -> list[dict]:
-    """The job JSON's `videos`, as the video pipeline will list them (local storage's paths)."""
-    base = f"/media/v/{job.id}/"
-    mp4 = files["video.mp4"]
-    frames = len(clip())
-    return [{"url": base + mp4.name, "poster_url": base + "poster.png", "playlist_url": base + "hls/master.m3u8",
-             "sprites_url": base + "sprites.png", "width": 256, "height": 256, "frames": frames, "fps": FPS,
-             "seconds": frames / FPS, "content_type": mp4.content_type}]
 
 
 def foreign(playlist: video.MediaFile) -> video.MediaFile:
@@ -81,39 +84,10 @@ def foreign(playlist: video.MediaFile) -> video.MediaFile:
     return video.MediaFile(playlist.name, text.encode())
 
 
-def serve_the_missing_backend(page, job, files) -> list[str]:
-    """Route the API's answers (the job gains `videos`) and the clip's files; returns the media
-    names the browser asked for, in order."""
-    entry = videos_entry(job, files)
+def media_asked(page) -> list[str]:
+    """The clip's file names the browser asks the service for, in order."""
     asked: list[str] = []
-
-    def api(route):
-        response = route.fetch()
-        data = response.json()
-        for item in data.get("results", [data]) if isinstance(data, dict) else []:
-            if item.get("id") == str(job.id):
-                item["videos"] = entry
-        route.fulfill(response=response, json=data)
-
-    def media(route):
-        name = MEDIA.search(route.request.url)[1]
-        asked.append(name)
-        f = files.get(name)
-        if f is None:
-            route.fulfill(status=404, body="")
-            return
-        headers = {"Cache-Control": "public, max-age=31536000, immutable", "Accept-Ranges": "bytes"}
-        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", route.request.headers.get("range", ""))
-        if wanted:
-            first = int(wanted[1])
-            last = min(int(wanted[2]) if wanted[2] else len(f.data) - 1, len(f.data) - 1)
-            headers["Content-Range"] = f"bytes {first}-{last}/{len(f.data)}"
-            route.fulfill(status=206, body=f.data[first:last + 1], content_type=f.content_type, headers=headers)
-        else:
-            route.fulfill(status=200, body=f.data, content_type=f.content_type, headers=headers)
-
-    page.route(API, api)
-    page.route(MEDIA, media)
+    page.on("request", lambda request: asked.append(MEDIA.search(request.url)[1]) if MEDIA.search(request.url) else None)
     return asked
 
 
@@ -129,7 +103,6 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
 ):
     page = browser_page
     image_job = done_image_job(alice) if player == "hls.js" else None
-    job = done_video_job(alice)
     if init:
         page.add_init_script(init)
     scripts: list[str] = []
@@ -142,7 +115,9 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     if browser_kind == "a playlist naming another host":
         files = {**files, "hls/hi/index.m3u8": foreign(files["hls/hi/index.m3u8"]),
                  "hls/lo/index.m3u8": foreign(files["hls/lo/index.m3u8"])}
-    asked = serve_the_missing_backend(page, job, files)
+    job = done_video_job(alice, files)
+    clip_url = f"/media/v/{job.images.get().id.hex}/"
+    asked = media_asked(page)
     sign_in(page, daphne_server, alice)
 
     # The gallery's tile: the poster, decoded; a click makes the job the current one.
@@ -170,10 +145,10 @@ def test_a_done_video_job_plays_in_its_card_and_its_tile_shows_the_poster(
     assert state["refused"] == ("foreign" if files is not clip_files else None), state
     assert state["error"] is None and state["width"] in (128, 256), state
     assert state["muted"] and state["loop"] and state["controls"] and state["playsinline"], state
-    assert state["poster"] == f"/media/v/{job.id}/poster.png" and state["posterWidth"] == 256
+    assert state["poster"] == clip_url + "poster.png" and state["posterWidth"] == 256
     assert state["rendering"] == "pixelated"
     download = page.locator("#results a.download")
-    assert download.get_attribute("href") == f"/media/v/{job.id}/video.mp4"
+    assert download.get_attribute("href") == clip_url + "video.mp4"
     assert download.get_attribute("download").endswith(".mp4")
 
     # What was fetched says which path played: segments for HLS, the file itself for the MP4;

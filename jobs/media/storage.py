@@ -115,6 +115,18 @@ def store_bytes(data: bytes, storage: Storage, key: str | None = None) -> Stored
     return StoredObject(key=saved, sha256=hashlib.sha256(data).hexdigest(), byte_size=len(data))
 
 
+def publish_once(key: str, data: bytes) -> bytes:
+    """Write `data` as the public object `key` unless one is there already; returns the bytes the
+    object holds (the first writer's: a clip's files are written once by the publish stage, and a
+    duplicate run reads back what the first one signed)."""
+    public = public_storage()
+    if public.exists(key):
+        with public.open(key, "rb") as f:
+            return f.read()
+    store_bytes(data, public, key)
+    return data
+
+
 def _copy(key: str, source: Any, target: Any) -> None:
     """Copy an object between the two storages without passing its bytes through this process
     where the backend allows: S3 CopyObject between buckets or prefixes, a file copy on local

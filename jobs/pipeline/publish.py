@@ -25,14 +25,7 @@ from django.utils import timezone
 from imagegen import metrics, stage_table
 from jobs import actions
 from jobs.media import cache
-from jobs.media.storage import (
-    delete_quietly,
-    public_storage,
-    publish_object,
-    quarantine_storage,
-    store_bytes,
-    unpublish_object,
-)
+from jobs.media.storage import delete_quietly, publish_object, publish_once, quarantine_storage, unpublish_object
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
 from jobs.pipeline import stages
 from scheduling import costs
@@ -113,6 +106,7 @@ def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
     """Package a done clip's strip into its public files (see the module's docstring); returns the
     row's fields naming them. Idempotent: a file already public is read back, not written again
     (its credentials were signed once), so every run answers the same fields."""
+    # (A run that finds the MP4 public signs once more for nothing: milliseconds, on a duplicate only.)
     from PIL import Image
 
     from jobs.media import credentials, encoding, video
@@ -121,26 +115,15 @@ def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
         strip = Image.open(f)
         strip.load()
     package = video.package(video.frames_of(strip, job.frames), job.fps or 8)
-    public, prefix = public_storage(), f"v/{image.id.hex}/"
+    prefix = f"v/{image.id.hex}/"
     parameters = encoding.ImageParameters.of(job, image.seed, job.negative_prompt)
-    fields: dict = {}
-    for file in package.files:
-        key = prefix + file.name
-        if public.exists(key):
-            if file.name == "video.mp4":
-                with public.open(key, "rb") as f:
-                    data = f.read()
-                fields.update(byte_size=len(data), sha256=hashlib.sha256(data).hexdigest())
-            continue
-        data = file.data
-        if file.name == "video.mp4":
-            fields["content_sha256"] = credentials.content_digest(data)
-            data = credentials.sign(data, "mp4", parameters)
-            fields.update(byte_size=len(data), sha256=hashlib.sha256(data).hexdigest())
-        store_bytes(data, public, key)  # a transient error: the publish stage retries (its row)
-    fields.setdefault("content_sha256", credentials.content_digest(package.file("video.mp4").data))
+    for file in package.files[1:]:  # the MP4 last: its object present means the set is
+        publish_once(prefix + file.name, file.data)  # a transient error: the publish stage retries (its row)
+    unsigned = package.file("video.mp4").data
+    mp4 = publish_once(prefix + "video.mp4", credentials.sign(unsigned, "mp4", parameters))
     names = [prefix + f.name for f in package.files]
-    fields.update(
+    fields = dict(
+        byte_size=len(mp4), sha256=hashlib.sha256(mp4).hexdigest(), content_sha256=credentials.content_digest(unsigned),
         storage_key=prefix + "video.mp4", content_type="video/mp4",
         width=package.width, height=package.height,
         media={"poster": prefix + "poster.png", "sprites": prefix + "sprites.png", "playlist": prefix + "hls/master.m3u8",

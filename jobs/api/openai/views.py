@@ -195,7 +195,7 @@ class OpenAICompatibleView(APIView):
 
 
 def model_object(served: catalogue.ServedModel) -> dict:
-    index = served.path / "model_index.json"
+    index = served.path / ("config.json" if served.is_video else "model_index.json")
     try:
         created = int(index.stat().st_mtime)
     except OSError:
@@ -290,6 +290,9 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
                 400, f"The model '{value}' does not exist; this server serves {', '.join(map(repr, catalogue.served()))}.",
                 param="model", code="model_not_found",
             )
+        if catalogue.get(value).is_video:  # type: ignore[union-attr]
+            raise OpenAIError(400, f"The model '{value}' makes videos: ask POST /v1/videos for it.", param="model",
+                              code="invalid_value")
         return value
 
     def validate(self, attrs):
