@@ -1,8 +1,9 @@
 """The cost model, measured by the GPU workers and kept in one Redis hash:
 
 - per shape and batch size, a moving average of the seconds one pass takes (`<shape>#<size>`);
-- per shape, GPU-seconds per image, and across shapes GPU-seconds per megapixel-step (for
-  shapes not measured yet);
+- per shape, GPU-seconds per image (a video model's: per clip), and across shapes GPU-seconds per
+  megapixel-step of one frame (for shapes not measured yet: a clip's prior is its frames times an
+  image's, the design's cost of a video, frames x steps);
 - the time a job spends outside the queue and the pass: the claim, the image gate and
   delivery (`_overhead`);
 - the prompt rewriter (the rewrite stage): seconds one forward pass takes (`_rewrite_pass`) and
@@ -34,7 +35,7 @@ def record_batch_cost(shape: str, images: int, seconds: float) -> None:
         return
     info = scheduler.parse_shape(shape)
     per_image = seconds / images
-    per_unit = per_image / (info["width"] * info["height"] / 1e6 * info["steps"])
+    per_unit = per_image / (info["width"] * info["height"] / 1e6 * info["steps"] * frames_of(info["model_version"]))
     pass_field = f"{shape}#{images}"
     r = get_redis()
     old_image, old_unit, old_pass = r.hmget(COST_KEY, [shape, GLOBAL_FIELD, pass_field])
@@ -98,7 +99,15 @@ def seconds_per_image(shape: str, costs: dict | None = None) -> float:
         return float(costs[shape])
     info = scheduler.parse_shape(shape)
     unit = float(costs.get(GLOBAL_FIELD, settings.IMAGEGEN_PRIOR_SECONDS_PER_MPX_STEP))
-    return unit * info["width"] * info["height"] / 1e6 * info["steps"]
+    return unit * info["width"] * info["height"] / 1e6 * info["steps"] * frames_of(info["model_version"])
+
+
+def frames_of(version: str) -> int:
+    """Frames per output of a model version: a served video model's clip length, else 1."""
+    from scheduling import catalogue
+
+    served = catalogue.served().get(version)
+    return served.frames if served is not None else 1
 
 
 def pass_seconds(shape: str, images: int, costs: dict) -> float:

@@ -144,3 +144,22 @@ def test_an_image_model_takes_no_frames(alice_api):
                               format="json")
     assert response.status_code == 400
     assert "image model" in response.json()["frames"][0]
+
+
+@pytest.mark.django_db
+@override_settings(IMAGEGEN_EXTRA_MODELS=SERVED)
+def test_a_clip_costs_its_frames_in_the_estimate_and_does_not_inflate_an_images(redis_client):
+    """Before any measurement a clip's prior is its frames times an image's of the same size and
+    steps; a measured clip pass feeds the per-frame figure that unmeasured image shapes use."""
+    from scheduling import costs
+    from scheduling.scheduler import shape_key
+
+    redis_client.delete(costs.COST_KEY)
+    image, clip = shape_key("tiny", 64, 64, 20, 5.0, ""), shape_key(VERSION, 64, 64, 20, 6.0, "")
+    assert costs.seconds_per_image(clip, {}) == pytest.approx(16 * costs.seconds_per_image(image, {}))
+    costs.record_batch_cost(clip, 2, 8.0)  # 4 s a clip of 16 frames: 0.25 s a frame
+    measured = costs.costs()
+    assert costs.seconds_per_image(clip, measured) == pytest.approx(4.0)
+    other_image = shape_key("tiny", 64, 64, 20, 5.0, "x")
+    assert costs.seconds_per_image(other_image, measured) == pytest.approx(0.25)
+    redis_client.delete(costs.COST_KEY)
