@@ -54,7 +54,7 @@ ID_PREFIX = "video_"
 _ID = re.compile(r"video_([0-9a-f]{32})")
 IDEMPOTENCY_SCOPE = "openai-videos"
 
-STATUS = {
+STATUS: dict[str, str] = {
     JobStatus.QUEUED: "queued",
     JobStatus.RUNNING: "in_progress",
     JobStatus.REVIEW: "in_progress",
@@ -63,7 +63,7 @@ STATUS = {
     JobStatus.FAILED: "failed",
     JobStatus.CANCELLED: "failed",
 }
-ERROR_CODE = {JobStatus.BLOCKED: "moderation_blocked", JobStatus.FAILED: "failed", JobStatus.CANCELLED: "cancelled"}
+ERROR_CODE: dict[str, str] = {JobStatus.BLOCKED: "moderation_blocked", JobStatus.FAILED: "failed", JobStatus.CANCELLED: "cancelled"}
 
 # variant -> the clip's file (a key of the row's `media`, or its MP4)
 VARIANTS = ("video", "thumbnail", "spritesheet")
@@ -172,7 +172,8 @@ class VideoSerializer(serializers.Serializer):
 
 class VideoListSerializer(serializers.Serializer):
     object = serializers.ChoiceField(choices=["list"])
-    data = VideoSerializer(many=True)
+    # The page's items (OpenAI's name; the metaclass takes this class attribute into the fields).
+    data = VideoSerializer(many=True)  # type: ignore[assignment]
     first_id = serializers.CharField(allow_null=True)
     last_id = serializers.CharField(allow_null=True, help_text="The next page's `after`.")
     has_more = serializers.BooleanField()
