@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any, cast
 
 from django.conf import settings
 from PIL import Image
@@ -48,7 +49,7 @@ class VideoModel:
         if not (self.base / "unet").is_dir():
             raise FileNotFoundError(f"the video model {self.path} animates {self.base}, which is not on disk")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.IMAGEGEN_DTYPE]
-        self.pipe = AnimateDiffPipeline(
+        self.pipe: Any = cast(Any, AnimateDiffPipeline)(
             vae=AutoencoderKL.from_pretrained(self.base, subfolder="vae", torch_dtype=dtype),
             text_encoder=CLIPTextModel.from_pretrained(self.path, subfolder="text_encoder", torch_dtype=dtype),
             tokenizer=CLIPTokenizer.from_pretrained(self.path, subfolder="tokenizer"),

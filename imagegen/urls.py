@@ -44,7 +44,7 @@ urlpatterns = [
     path("api/v1/images/<uuid:image_id>/credentials", verify_views.ImageCredentials.as_view(), name="image-credentials"),
     path("staff/images/<uuid:image_id>", staff_views.staff_image, name="staff-image"),
     re_path(r"^media/i/(?P<key>[0-9a-f]{32}\.[a-z]{3,4})$", views.serve_image, name="image"),
-    re_path(r"^media/v/(?P<clip>[0-9a-f]{32})/(?P<name>[a-z0-9_/]{1,40}\.(?:mp4|m4s|m3u8|png))$", views.serve_clip_file,
+    re_path(r"^media/v/(?P<clip>[0-9a-f]{32})/(?P<name>[a-z0-9_/]{1,40}\.[a-z0-9]{3,4})$", views.serve_clip_file,
             name="clip-file"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -157,6 +157,29 @@ def workers(start_shared_worker):
     return {"cpu": cpu, "gpu": gpu}
 
 
+# The shipped video model (docs/video.md) on a GPU lane of its own, for the tests of video jobs.
+VIDEO_VERSION = "shapes-v2-motion"
+VIDEO_MODEL = ROOT / "models" / VIDEO_VERSION
+VIDEO_LANE_NAME = "vid"  # its worker's IMAGEGEN_MODEL_NAME: the lane is vid@shapes-v2-motion
+
+
+@pytest.fixture(scope="session")
+def video_worker(start_shared_worker, workers):
+    """A GPU worker serving the video model's lane, shared by the session (one model load)."""
+    return start_shared_worker("gpu-video", f"{settings.QUEUE_GPU_PREFIX}{VIDEO_LANE_NAME}@{VIDEO_VERSION}",
+                               IMAGEGEN_MODEL_NAME=VIDEO_LANE_NAME, IMAGEGEN_EXTRA_MODELS=f"{VIDEO_VERSION}={VIDEO_MODEL}",
+                               IMAGEGEN_FILL_WAIT="0.2", IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0")
+
+
+@pytest.fixture
+def video_lane(transactional_db, video_worker):
+    """The video lane's name, with its model selectable in this process too (the submit's catalogue)."""
+    from django.test import override_settings
+
+    with override_settings(IMAGEGEN_EXTRA_MODELS={VIDEO_VERSION: str(VIDEO_MODEL)}):
+        yield f"{VIDEO_LANE_NAME}@{VIDEO_VERSION}"
+
+
 @pytest.fixture
 def reaper(transactional_db, workers):
     """The reaper while this test runs: `jobs.pipeline.tasks.reap` called in this process every

@@ -18,11 +18,9 @@ from jobs.media import credentials
 from jobs.media import video as media
 from jobs.media.storage import public_storage, quarantine_storage
 from jobs.models import GenerationJob
-from tests.conftest import ROOT, admitted_to, wait_for_status, wait_until, watch_job
+from tests.conftest import VIDEO_LANE_NAME, VIDEO_MODEL, VIDEO_VERSION, admitted_to, wait_for_status, wait_until, watch_job
 
-VERSION = "shapes-v2-motion"
-MOTION = ROOT / "models" / VERSION
-LANE = "vid"  # the GPU lane of the video model in this test (IMAGEGEN_MODEL_NAME of its worker)
+VERSION, MOTION, LANE = VIDEO_VERSION, VIDEO_MODEL, VIDEO_LANE_NAME  # the lane: tests/conftest.py video_lane
 SERVED = {VERSION: str(MOTION)}
 CLIP = {"prompt": "a red circle moving left to right on a blue background", "frames": 16, "steps": 4, "seed": 5,
         "rewrite": "off"}
@@ -33,18 +31,6 @@ pytestmark = pytest.mark.skipif(not (MOTION / "config.json").exists(), reason="t
 def read(key: str) -> bytes:
     with public_storage().open(key, "rb") as f:
         return f.read()
-
-
-@pytest.fixture
-def video_lane(transactional_db, start_worker, workers):
-    """A GPU worker serving the video model's lane (its version selectable in this process too)."""
-    lane = f"{LANE}@{VERSION}"
-    worker = start_worker("gpu-video", f"{settings.QUEUE_GPU_PREFIX}{lane}", IMAGEGEN_MODEL_NAME=LANE,
-                          IMAGEGEN_EXTRA_MODELS=f"{VERSION}={MOTION}", IMAGEGEN_FILL_WAIT="0.2",
-                          IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0")
-    with override_settings(IMAGEGEN_EXTRA_MODELS=SERVED):
-        yield lane
-    worker.stop()
 
 
 def submit(api, lane: str, **body) -> dict:
@@ -61,6 +47,9 @@ def test_a_clip_is_drawn_gated_and_delivered_as_mp4_poster_and_hls_with_credenti
     row = wait_for_status(job["id"], ("done",))
     assert row.status == "done", row.reason
     assert [e["step"] for e in seen if e["type"] == "progress"] == [1, 2, 3, 4]
+    # A preview (the middle frame, small) at step 2, sent after the image gate allowed it.
+    previews = [e for e in seen if e["type"] == "preview"]
+    assert [p["step"] for p in previews] == [2] and previews[0]["image"].startswith("data:image/jpeg;base64,")
     answer = alice_api.get(f"/api/v1/jobs/{job['id']}").json()
     assert answer["images"] == [] and len(answer["videos"]) == 1
     clip = answer["videos"][0]
@@ -102,6 +91,23 @@ def test_a_clip_is_drawn_gated_and_delivered_as_mp4_poster_and_hls_with_credenti
     assert all(public_storage().exists(key) for key in image.media["files"])
     # (removed just after the commit that made the job done: waited for, not raced)
     wait_until(lambda: not quarantine_storage().exists(image.media["strip"]), 30, "the strip removed from quarantine")
+
+
+def test_a_clip_cancelled_mid_run_stops_its_pass(video_lane, alice_api):
+    job = submit(alice_api, video_lane, seed=7, steps=50)  # the model's most: ~0.3-0.6 s a step here
+
+    def cancel_once_running(event, asked=[]):  # noqa: B006  # once
+        if event["type"] == "progress" and not asked:
+            asked.append(True)
+            assert alice_api.post(f"/api/v1/jobs/{job['id']}/cancel").status_code == 202
+
+    seen = watch_job(job["id"], cancel_once_running, timeout=180, wake_lane=video_lane)
+    row = wait_for_status(job["id"], ("cancelled",))
+    assert row.status == "cancelled" and not row.images.exclude(tier="quarantine").exists()
+    # The pass stopped at a step boundary after the cancel, not at the end of its 50 steps (counted
+    # in steps, as tests/test_cancel_running.py does: the cancel is sent at the first step's event).
+    steps = [e["step"] for e in seen if e["type"] == "progress"]
+    assert steps and max(steps) < 50, steps
 
 
 def test_one_frame_judged_unsafe_blocks_the_whole_clip(video_lane, alice_api, classifier_mode):

@@ -290,7 +290,7 @@ class ImageGenerationSerializer(openai_compat.OpenAIImageOptions):
                 400, f"The model '{value}' does not exist; this server serves {', '.join(map(repr, catalogue.served()))}.",
                 param="model", code="model_not_found",
             )
-        if catalogue.get(value).is_video:  # type: ignore[union-attr]
+        if catalogue.get(value).is_video:
             raise OpenAIError(400, f"The model '{value}' makes videos: ask POST /v1/videos for it.", param="model",
                               code="invalid_value")
         return value
