@@ -169,3 +169,36 @@ def test_a_clip_costs_its_frames_in_the_estimate_and_does_not_inflate_an_images(
     other_image = shape_key("tiny", 64, 64, 20, 5.0, "x")
     assert costs.seconds_per_image(other_image, measured) == pytest.approx(0.25)
     redis_client.delete(costs.COST_KEY)
+
+
+@pytest.mark.django_db
+def test_the_media_route_serves_a_public_clips_own_files_with_byte_ranges(alice):
+    from django.test import Client
+
+    from jobs.media.storage import publish_once
+    from jobs.models import FIRST_STAGE, GeneratedImage
+
+    job = GenerationJob.objects.create(owner=alice, prompt="a clip", width=64, height=64, steps=4, guidance_scale=6.0,
+                                       seed=1, model_version=VERSION, frames=16, fps=8, stage=FIRST_STAGE["done"])
+    image = GeneratedImage(job=job, index=0, seed=1, width=256, height=256, byte_size=0, sha256="0" * 64,
+                           content_type="video/mp4", tier="public")
+    prefix = f"v/{image.id.hex}/"
+    mp4, playlist = bytes(range(256)) * 4, b"#EXTM3U\n"
+    publish_once(prefix + "video.mp4", mp4)
+    publish_once(prefix + "hls/master.m3u8", playlist)
+    publish_once(prefix + "extra.png", b"not listed")
+    image.storage_key, image.media = prefix + "video.mp4", {"files": [prefix + "video.mp4", prefix + "hls/master.m3u8"]}
+    image.save()
+    client, url = Client(), f"/media/{prefix}"
+    whole = client.get(url + "video.mp4")
+    assert (whole.status_code, whole["Content-Type"], whole["Accept-Ranges"]) == (200, "video/mp4", "bytes")
+    assert whole.content == mp4 and "immutable" in whole["Cache-Control"]
+    part = client.get(url + "video.mp4", HTTP_RANGE="bytes=100-199")
+    assert (part.status_code, part["Content-Range"], part.content) == (206, "bytes 100-199/1024", mp4[100:200])
+    tail = client.get(url + "video.mp4", HTTP_RANGE="bytes=-24")
+    assert (tail.status_code, tail.content) == (206, mp4[-24:])
+    assert client.get(url + "video.mp4", HTTP_RANGE="bytes=5000-").status_code == 416
+    assert client.get(url + "hls/master.m3u8")["Content-Type"] == "application/vnd.apple.mpegurl"
+    assert client.get(url + "extra.png").status_code == 404  # stored under the prefix, not one of the clip's files
+    GeneratedImage.objects.filter(id=image.id).update(tier="quarantine")  # taken down: nothing served
+    assert client.get(url + "video.mp4").status_code == 404

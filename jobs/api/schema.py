@@ -618,6 +618,41 @@ def _plain_operations() -> dict[str, dict]:
                 },
             }
         },
+        "/media/v/{clip}/{name}": {
+            "get": {
+                "operationId": "media_clip_file_retrieve",
+                "summary": "A delivered clip's file",
+                "description": (
+                    "The files behind a video's `url`, `poster_url`, `playlist_url` and `sprites_url` (local storage; "
+                    "with S3 the URLs point at the bucket): the MP4 (H.264, faststart, content credentials), the "
+                    "poster and sprite sheet (PNG), the HLS playlists and their fMP4 init and media segments, named "
+                    "by relative URIs (docs/video.md). A single byte range (`Range: bytes=a-b`) is answered 206 "
+                    "(416 past the end). Immutable: cached for a year. No auth: the clip's id is unguessable."
+                ),
+                "tags": ["images"],
+                "security": [{}],
+                "parameters": [
+                    {"name": "clip", "in": "path", "required": True,
+                     "schema": {"type": "string", "pattern": r"^[0-9a-f]{32}$"}, "description": "The clip's id, 32 hex digits."},
+                    {"name": "name", "in": "path", "required": True,
+                     "schema": {"type": "string", "pattern": r"^[a-z0-9_/]{1,40}\.[a-z0-9]{3,4}$"},
+                     "description": "`video.mp4`, `poster.png`, `sprites.png`, `hls/master.m3u8`, `hls/<rendition>/...`."},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "The file.",
+                        "content": {t: {"schema": {"type": "string", "format": "binary"}} for t in (
+                            "video/mp4", "image/png", "application/vnd.apple.mpegurl", "video/iso.segment")},
+                    },
+                    "206": {"description": "The byte range asked for.",
+                            "content": {"video/mp4": {"schema": {"type": "string", "format": "binary"}}}},
+                    "404": {"description": "No such file of a public clip.",
+                            "content": {"text/html": {"schema": {"type": "string"}}}},
+                    "416": {"description": "The range starts past the end."},
+                    "503": _json(detail, "The database is unavailable.", RETRY_AFTER),
+                },
+            }
+        },
     }
 
 
