@@ -110,7 +110,7 @@ def test_a_clip_cancelled_mid_run_stops_its_pass(video_lane, alice_api):
     assert steps and max(steps) < 50, steps
 
 
-def test_one_frame_judged_unsafe_blocks_the_whole_clip(video_lane, alice_api, classifier_mode):
+def test_one_frame_judged_unsafe_blocks_the_whole_clip_and_one_held_holds_it_for_a_moderator(video_lane, alice_api, classifier_mode):
     classifier_mode('index:7:{"star": 0.99}')  # the 8th image of every batch the gate scores
     job = submit(alice_api, video_lane, seed=6)
     watch_job(job["id"], timeout=180, wake_lane=video_lane)
@@ -121,6 +121,23 @@ def test_one_frame_judged_unsafe_blocks_the_whole_clip(video_lane, alice_api, cl
     assert image.tier == "quarantine" and not image.media  # never packaged, nothing public
     assert not public_storage().exists(f"v/{image.id.hex}/video.mp4")
     assert alice_api.get(f"/api/v1/jobs/{job['id']}").json()["videos"] == []
+
+    # One frame held holds the clip; a moderator's approval packages it and delivers it.
+    classifier_mode('index:3:{"heart": 0.99}')
+    held = submit(alice_api, video_lane, seed=8)
+    watch_job(held["id"], timeout=180, wake_lane=video_lane)
+    row = wait_for_status(held["id"], ("review",))
+    assert row.status == "review" and "frame 3 of 16" in row.verdicts.get(stage="image").notes
+    from jobs.actions.review import decide
+    from tests.conftest import make_user
+
+    moderator = make_user("video-moderator", is_staff=True)
+    assert decide(held["id"], "approve", moderator) == "approved"
+    answer = alice_api.get(f"/api/v1/jobs/{held['id']}").json()
+    assert answer["status"] == "done" and len(answer["videos"]) == 1 and answer["images"] == []
+    image = GenerationJob.objects.get(id=held["id"]).images.get()
+    assert image.tier == "public" and media.decode(read(image.storage_key)).shape[0] == 16
+    assert all(public_storage().exists(key) for key in image.media["files"])
 
 
 @pytest.mark.django_db

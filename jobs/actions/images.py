@@ -35,10 +35,9 @@ def take_down(images: list[GeneratedImage], keep_private_copy: bool = True) -> i
             continue
         taken += 1
         if not GeneratedImage.objects.filter(storage_key=image.storage_key, tier="public").exists():
-            # A clip's every file goes (its MP4 first: the one a moderator keeps a private copy of).
-            keys = (image.media or {}).get("files") or [image.storage_key]
-            for n, key in enumerate(keys):
-                row = PendingUnpublish.objects.create(storage_key=key, keep_private_copy=keep_private_copy and n == 0,
+            # A clip's every file goes (each kept privately too, so a moderator's approval puts them back).
+            for key in (image.media or {}).get("files") or [image.storage_key]:
+                row = PendingUnpublish.objects.create(storage_key=key, keep_private_copy=keep_private_copy,
                                                       urls=[image_url(key)])
                 outbox.append(row.id)
     if outbox:

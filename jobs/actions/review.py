@@ -25,7 +25,8 @@ from imagegen import metrics
 from jobs.actions.images import take_down
 from jobs.actions.lifecycle import admit, move
 from jobs.actions.notify import BLOCKED_AGAIN, status_on_commit
-from jobs.media.storage import publish_object
+from jobs.media.clips import publish_clip
+from jobs.media.storage import delete_quietly, publish_object, quarantine_storage
 from jobs.models import GeneratedImage, GenerationJob, JobStage, JobStatus, at
 from safety.models import SafetyVerdict
 from safety.policy_version import policy_version
@@ -117,10 +118,22 @@ def _verdict(job, decision: str, reviewer, notes: str, reason: str, image=None) 
 
 
 def _publish_images(job: GenerationJob) -> None:
-    """A moderator approved the images: quarantine -> public (same immutable key)."""
+    """A moderator approved the images: quarantine -> public (same immutable key). A held clip is
+    packaged now (its strip -> MP4, poster, HLS: jobs/media/clips.py); a clip taken down after
+    delivery has each of its files put back."""
     for image in job.images.filter(tier="quarantine"):
-        publish_object(image.storage_key)
-        GeneratedImage.objects.filter(id=image.id, tier="quarantine").update(tier="public")
+        if image.media:
+            for key in image.media.get("files", []):
+                publish_object(key)
+            fields = {}
+        elif job.frames > 1:
+            fields = publish_clip(image, job)
+        else:
+            publish_object(image.storage_key)
+            fields = {}
+        GeneratedImage.objects.filter(id=image.id, tier="quarantine").update(tier="public", **fields)
+        if fields:  # the strip has done its work once the row names the files
+            transaction.on_commit(lambda key=image.storage_key: delete_quietly(key, quarantine_storage()))
 
 
 def approve(job: GenerationJob, reviewer, notes: str = "") -> str:

@@ -16,7 +16,6 @@ duplicate run finds them and writes nothing); the row then names the MP4 and lis
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections import defaultdict
 
@@ -25,7 +24,8 @@ from django.utils import timezone
 from imagegen import metrics, stage_table
 from jobs import actions
 from jobs.media import cache
-from jobs.media.storage import delete_quietly, publish_object, publish_once, quarantine_storage, unpublish_object
+from jobs.media.clips import publish_clip
+from jobs.media.storage import delete_quietly, publish_object, quarantine_storage, unpublish_object
 from jobs.models import Batch, BatchStage, GeneratedImage, GenerationJob, JobStatus
 from jobs.pipeline import stages
 from scheduling import costs
@@ -100,36 +100,6 @@ def _publish(batch_id: str, run: str) -> list[str]:
         if job.status == JobStatus.DONE and job.finished_at is not None:
             metrics.observe("imagegen_submit_to_done_seconds", (job.finished_at - job.created_at).total_seconds())
     return finished
-
-
-def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
-    """Package a done clip's strip into its public files (see the module's docstring); returns the
-    row's fields naming them. Idempotent: a file already public is read back, not written again
-    (its credentials were signed once), so every run answers the same fields."""
-    # (A run that finds the MP4 public signs once more for nothing: milliseconds, on a duplicate only.)
-    from PIL import Image
-
-    from jobs.media import credentials, encoding, video
-
-    with quarantine_storage().open(image.storage_key, "rb") as f:
-        strip = Image.open(f)
-        strip.load()
-    package = video.package(video.frames_of(strip, job.frames), job.fps or 8)
-    prefix = f"v/{image.id.hex}/"
-    parameters = encoding.ImageParameters.of(job, image.seed, job.negative_prompt)
-    for file in package.files[1:]:  # the MP4 last: its object present means the set is
-        publish_once(prefix + file.name, file.data)  # a transient error: the publish stage retries (its row)
-    unsigned = package.file("video.mp4").data
-    mp4 = publish_once(prefix + "video.mp4", credentials.sign(unsigned, "mp4", parameters))
-    names = [prefix + f.name for f in package.files]
-    fields = dict(
-        byte_size=len(mp4), sha256=hashlib.sha256(mp4).hexdigest(), content_sha256=credentials.content_digest(unsigned),
-        storage_key=prefix + "video.mp4", content_type="video/mp4",
-        width=package.width, height=package.height,
-        media={"poster": prefix + "poster.png", "sprites": prefix + "sprites.png", "playlist": prefix + "hls/master.m3u8",
-               "strip": image.storage_key, "files": names, "frames": package.frames, "fps": package.fps},
-    )
-    return fields
 
 
 def _record_overhead(batch: Batch, jobs: list[GenerationJob], now) -> None:
