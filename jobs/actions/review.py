@@ -16,6 +16,7 @@ overturned it is told (`overturned_then_blocked`).
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
@@ -133,7 +134,7 @@ def _publish_images(job: GenerationJob) -> None:
             fields = {}
         GeneratedImage.objects.filter(id=image.id, tier="quarantine").update(tier="public", **fields)
         if fields:  # the strip has done its work once the row names the files
-            transaction.on_commit(lambda key=image.storage_key: delete_quietly(key, quarantine_storage()))
+            transaction.on_commit(partial(delete_quietly, image.storage_key, quarantine_storage()))
 
 
 def approve(job: GenerationJob, reviewer, notes: str = "") -> str:

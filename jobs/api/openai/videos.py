@@ -40,12 +40,11 @@ from rest_framework.response import Response
 
 from jobs import actions
 from jobs.api import idempotency
-from jobs.api.openai.views import OpenAICompatibleView, OpenAIError, Refused, _first_message, invalid_request
+from jobs.api.openai.views import OpenAICompatibleView, OpenAIError, _first_message, invalid_request, submitted
 from jobs.api.serializers import JobCreateSerializer
 from jobs.api.strict import StrictCharField, StrictSerializer
 from jobs.media.storage import image_url
 from jobs.models import GeneratedImage, GenerationJob, JobStatus
-from jobs.pipeline.submit import submit_job
 from scheduling import catalogue
 
 log = logging.getLogger(__name__)
@@ -326,16 +325,7 @@ class VideoListCreate(OpenAICompatibleView):
         form = VideoCreateSerializer(data=request.data)
         if not form.is_valid():
             raise invalid_request(form)
-        data = native_data(request, form.validated_data)
-        try:
-            job, _ = idempotency.submitting(request, IDEMPOTENCY_SCOPE, lambda: submit_job(request.user, data))
-        except idempotency.IdempotencyError as exc:
-            raise OpenAIError(exc.status, exc.message, param=idempotency.HEADER, code="idempotency_key") from exc
-        except Refused as refused:
-            raise OpenAIError(
-                429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",
-                headers={"Retry-After": str(refused.retry_after)},
-            ) from refused
+        job = submitted(request, IDEMPOTENCY_SCOPE, native_data(request, form.validated_data))
         log.info("openai-compatible video: job %s for user %s", job.id, request.user.pk)
         return Response(video_object(job))
 

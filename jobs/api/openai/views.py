@@ -152,6 +152,22 @@ def invalid_request(form: serializers.Serializer) -> OpenAIError:
     return OpenAIError(400, message, param=param, code="invalid_value")
 
 
+def submitted(request, scope: str, data: dict) -> GenerationJob:
+    """The native submit of an OpenAI-shaped request (its `Idempotency-Key` under `scope`), its
+    refusals in OpenAI's error shape: a key reused with another body, and a 429 with Retry-After."""
+    try:
+        job, _ = idempotency.submitting(request, scope, lambda: submit_job(request.user, data))
+    except idempotency.IdempotencyError as exc:
+        raise OpenAIError(exc.status, exc.message, param=idempotency.HEADER, code="idempotency_key") from exc
+    except Refused as refused:
+        raise OpenAIError(
+            429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",
+            headers={"Retry-After": str(refused.retry_after)},
+        ) from refused
+    assert isinstance(job, GenerationJob)
+    return job
+
+
 def openai_exception_handler(exc, context):
     """DRF's (and the native API's) exception handling, answered in the OpenAI shape."""
     if isinstance(exc, OpenAIError):
@@ -476,15 +492,7 @@ class ImageGenerations(OpenAICompatibleView):
         if not form.is_valid():
             raise invalid_request(form)
         attrs = form.validated_data
-        try:
-            job, _ = idempotency.submitting(request, "openai", lambda: submit_job(request.user, _native_data(attrs)))
-        except idempotency.IdempotencyError as exc:
-            raise OpenAIError(exc.status, exc.message, param=idempotency.HEADER, code="idempotency_key") from exc
-        except Refused as refused:
-            raise OpenAIError(
-                429, refused.message, "rate_limit_error", code=getattr(refused, "limit", "") or "rate_limit_exceeded",
-                headers={"Retry-After": str(refused.retry_after)},
-            ) from refused
+        job = submitted(request, "openai", _native_data(attrs))
         log.info(
             "openai-compatible generation: job %s for user %s (client-supplied user %r, safety_identifier %r)",
             job.id, request.user.pk, attrs.get("user"), attrs.get("safety_identifier"),
