@@ -22,8 +22,10 @@ from rest_framework.test import APIClient
 from jobs.api.openai.videos import job_id_of, video_id_of
 from jobs.models import FIRST_STAGE, GeneratedImage, GenerationJob
 from scheduling import lanes
+from tests.browser import sign_in
 from tests.conftest import ROOT, _started_workers, make_user, wait_until
 from tests.live_server import start_daphne, stop_daphne
+from tests.test_web_page import browser_page  # noqa: F401  (the fixture)
 
 VERSION = "shapes-v2-motion"
 MOTION = ROOT / "models" / VERSION
@@ -45,7 +47,7 @@ def video_server(worker_env, workers, start_module_worker):
     extra = {"IMAGEGEN_EXTRA_MODELS": f"{VERSION}={MOTION}"}
     worker = start_module_worker("gpu-openai-video", f"{settings.QUEUE_GPU_PREFIX}{lane}", wait=False,
                                  IMAGEGEN_FILL_WAIT="0.2", **extra)
-    server = start_daphne({**worker_env, **extra}, Path(settings.VAR_DIR), name="daphne-videos", collectstatic=False)
+    server = start_daphne({**worker_env, **extra}, Path(settings.VAR_DIR), name="daphne-videos")  # the page's script too
     try:
         worker.wait_ready()
         yield server
@@ -266,3 +268,22 @@ def test_create_in_json_too_and_without_a_video_model_names_model(carol, carol_b
     with override_settings(IMAGEGEN_EXTRA_MODELS={}):
         response = carol_bearer.post("/v1/videos", {"prompt": PROMPT}, format="multipart")
     assert response.status_code == 400 and response.json()["error"]["param"] == "model"
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)
+def test_the_page_offers_the_video_model_at_its_sizes_and_prices_a_clip_as_its_frames(video_server, alice, browser_page):  # noqa: F811
+    """In Debian's chromium: choosing the video model leaves only the sizes it draws and says what
+    a clip costs (its frames' worth of the daily images); the image model gives the menu back."""
+    page = browser_page
+    sign_in(page, video_server, alice)
+    page.select_option("#model", VERSION)
+    sizes = dict(page.eval_on_selector_all("#size option", "os => os.map((o) => [o.value, o.disabled])"))
+    assert sizes == {f"{w}x{h}": (w, h) != (64, 64) for w, h in settings.IMAGEGEN_SIZE_MENU}  # only 64x64 open
+    assert page.input_value("#size") == "64x64"
+    assert "per clip of 16 frames" in page.text_content("#choice-work")
+    page.wait_for_function("/Costs 16 of your \\d+ interactive images a day .*: 1 clip of 16 frames/"
+                           ".test(document.getElementById('choice-cost').textContent)")
+    page.select_option("#model", settings.IMAGEGEN_MODEL_VERSION)
+    sizes = dict(page.eval_on_selector_all("#size option", "os => os.map((o) => [o.value, o.disabled])"))
+    assert not any(sizes.values()) and "per image" in page.text_content("#choice-work")

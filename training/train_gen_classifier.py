@@ -91,6 +91,8 @@ def main(argv=None) -> None:
     p.add_argument("--native", action="store_true", help="train at each menu size's own resolution (v2)")
     p.add_argument("--counts", default=None, help="WxH:N,... use at most N train items per size (default: all on disk)")
     p.add_argument("--init", default=None, help="start from this model's weights (a fine-tuning stage)")
+    p.add_argument("--version", default=VERSION, help="the trained classifier's version (its policy section's key)")
+    p.add_argument("--generator", default="models/shapes-v1", help="the model whose outputs --data holds (recorded)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -164,13 +166,13 @@ def main(argv=None) -> None:
     from safetensors.torch import save_file
 
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
-    cfg = {"labels": LABELS, "version": VERSION, "input_size": None if a.native else 64, "width": a.width,
+    cfg = {"labels": LABELS, "version": a.version, "input_size": None if a.native else 64, "width": a.width,
            "multi_label": True, "activation": "sigmoid",
            "preprocess": ("RGB at the image's own size (up to 256 px a side), x/127.5-1" if a.native else
                           "RGB, pad to square with the border colour, bilinear resize to 64x64, x/127.5-1"),
-           "trained_on": "models/shapes-v1 outputs (20 steps, guidance 6, every menu size) labelled by prompt; "
+           "trained_on": f"{a.generator} outputs (20 steps, guidance 6, every menu size) labelled by prompt; "
                          "'other' = out-of-vocabulary prompts; plus clean synthetic shapes",
-           "demo_policy": "thresholds in safety/policy.json image.classifiers['shapes-classifier-v2']"}
+           "demo_policy": f"thresholds in safety/policy.json image.classifiers['{a.version}']"}
     (out / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     info = {"train_steps": step, "init": a.init, "train_images_generated": int(counts.sum()),
             "train_images_synthetic": 0 if sx is None else int(len(sx)), "native": a.native,

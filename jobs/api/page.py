@@ -27,7 +27,9 @@ def page_catalogue() -> list[dict]:
         refusal = refusal or (heartbeats.capabilities(lanes.lane_of(m.version)) or {}).get("negative_prompt_refusal") or ""
         models.append({"version": m.version, "label": m.label, "default": m.default, "default_steps": m.default_steps,
                        "min_steps": m.min_steps, "max_steps": m.max_steps, "guidance_scale": m.guidance_scale, "tiers": tiers,
-                       "negative_prompt": not refusal, "negative_note": refusal})
+                       "negative_prompt": not refusal, "negative_note": refusal,
+                       # A video model: the frames a clip costs and the only sizes it draws (docs/video.md).
+                       "frames": m.frames, "sizes": [f"{w}x{h}" for w, h in m.sizes]})
     return models
 
 

@@ -271,9 +271,11 @@
     const priority = $("priority").value;
     const levers = tierOf(model).levers;
     const tier = `${model.label}, ${TIER_NAME[quality] || quality} quality`;
+    const frames = model.frames > 1 ? model.frames : 1;
+    const per = frames > 1 ? `per clip of ${frames} frames` : "per image";
     $("choice-work").textContent = steps === null
-      ? `${tier}: ${model.min_steps} to ${model.max_steps} steps per image.`
-      : `${tier}: ${steps} step${steps === 1 ? "" : "s"} per image${levers ? ` (${levers})` : ""}.`;
+      ? `${tier}: ${model.min_steps} to ${model.max_steps} steps ${per}.`
+      : `${tier}: ${steps} step${steps === 1 ? "" : "s"} ${per}${levers ? ` (${levers})` : ""}.`;
     const lane = live.queue && (live.queue.models || []).find((m) => m.version === model.version);
     let time = "";
     if (lane) {
@@ -287,8 +289,10 @@
     }
     $("choice-time").textContent = time;
     const quota = live.account && live.account[priority];
+    // A clip is charged as its frames' worth of images (jobs/pipeline/submit.py).
     $("choice-cost").textContent = quota && count !== null
-      ? `Costs ${count} of your ${quota.max_images_per_day} ${priority} images a day (${quota.images_today} used).`
+      ? `Costs ${count * frames} of your ${quota.max_images_per_day} ${priority} images a day (${quota.images_today} used)`
+        + `${frames > 1 ? `: ${count} clip${count === 1 ? "" : "s"} of ${frames} frames` : ""}.`
         + (priority === "batch" ? " Batch runs when the GPUs are free of interactive work." : "")
       : "";
     Object.assign(info.dataset, { model: model.version, quality, steps: steps === null ? "" : String(steps), priority });
@@ -321,7 +325,19 @@
       $("guidance_scale").value = option.dataset.guidance;
     }
     negativeFor(chosenModel());
+    sizesFor(chosenModel());
     describe();
+  }
+
+  // A model that draws only some sizes (a video model: docs/video.md) offers only those; the
+  // size chosen moves to the first it draws.
+  function sizesFor(model) {
+    const allowed = model && model.sizes && model.sizes.length ? model.sizes : null;
+    const select = $("size");
+    for (const option of select.options) option.disabled = Boolean(allowed) && !allowed.includes(option.value);
+    if (select.selectedOptions[0] && select.selectedOptions[0].disabled) {
+      select.value = [...select.options].find((o) => !o.disabled).value;
+    }
   }
 
   function qualityChosen() {
