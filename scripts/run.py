@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             if not (model_path / "model_index.json").exists():
                 log("no trained model shipped: writing a tiny random pipeline (it makes noise)")
                 manage("make_tiny_pipeline", str(model_path), env=env)
-        classifier = ROOT / "models" / "shapes-classifier-v2"
+        classifier = ROOT / "models" / "shapes-classifier-v3"
         if not env.get("IMAGEGEN_IMAGE_CLASSIFIER") and not (classifier / "config.json").exists():
             # Said explicitly, and on every verdict ("unchecked"); the service itself never
             # falls back on its own: an unset or broken classifier setting fails closed.

@@ -13,7 +13,7 @@ from safety import frame_gate, image_gate
 from safety.image_gate import ImageGateError
 from training.shapes_data import SampleGT, ShapeGT, render_frame
 
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "shapes-classifier-v2"
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "shapes-classifier-v3"
 
 
 @pytest.fixture(autouse=True)

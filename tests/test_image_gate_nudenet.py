@@ -11,7 +11,7 @@ from PIL import Image, ImageDraw, ImageFilter
 
 from safety import image_gate
 
-SHAPES = Path(__file__).resolve().parent.parent / "models" / "shapes-classifier-v2"
+SHAPES = Path(__file__).resolve().parent.parent / "models" / "shapes-classifier-v3"
 
 
 @pytest.fixture(autouse=True)

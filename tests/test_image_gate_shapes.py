@@ -1,5 +1,5 @@
 """The demo classifier's own contract: native-resolution batches keep the images' order, and the
-shipped v2 is what the policy's shapes-classifier-v2 section expects."""
+shipped one (v3; v2 before it, still loadable) is what the policy's section of its version expects."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from PIL import Image, ImageDraw
 
 from safety.shapes_classifier import ShapesClassifier
 
-V2 = Path(__file__).resolve().parent.parent / "models" / "shapes-classifier-v2"
+MODELS = Path(__file__).resolve().parent.parent / "models"
+V2, SHIPPED = MODELS / "shapes-classifier-v2", MODELS / "shapes-classifier-v3"
 
 
 def circle(size) -> Image.Image:
@@ -21,7 +22,7 @@ def circle(size) -> Image.Image:
 
 
 def test_images_of_mixed_sizes_are_scored_in_order_as_if_one_by_one():
-    clf = ShapesClassifier.from_pretrained(V2)
+    clf = ShapesClassifier.from_pretrained(SHIPPED)
     images = [circle((64, 64)), circle((96, 64)), circle((64, 96)), Image.new("RGB", (96, 96), (15, 15, 15)), circle((64, 64))]
     together = clf.scores(images)
     alone = [clf.scores([im])[0] for im in images]
@@ -30,9 +31,10 @@ def test_images_of_mixed_sizes_are_scored_in_order_as_if_one_by_one():
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-5) for k in a)
 
 
-def test_v2_reads_images_at_their_own_size_and_knows_other():
-    clf = ShapesClassifier.from_pretrained(V2)
-    assert clf.input_size is None and clf.version == "shapes-classifier-v2"
+@pytest.mark.parametrize(("path", "version"), [(V2, "shapes-classifier-v2"), (SHIPPED, "shapes-classifier-v3")])
+def test_v2_and_v3_read_images_at_their_own_size_and_know_other(path, version):
+    clf = ShapesClassifier.from_pretrained(path)
+    assert clf.input_size is None and clf.version == version
     assert clf.labels == ("circle", "square", "triangle", "star", "heart", "other")
     assert clf.scores([]) == []
     big = clf.prepare(Image.new("RGB", (1024, 512)))

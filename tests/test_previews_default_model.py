@@ -24,7 +24,7 @@ def test_the_readmes_example_streams_previews_on_the_default_model(workers, star
     settings.IMAGEGEN_EXTRA_MODELS = {SERVED: str(V2)}
     lane = lane_of(SERVED)
     worker = start_worker("gpu-v2-previews", gpu_queue(lane), IMAGEGEN_EXTRA_MODELS=f"{SERVED}={V2}",
-                          IMAGEGEN_IMAGE_CLASSIFIER=f"shapes:{ROOT / 'models' / 'shapes-classifier-v2'}",
+                          IMAGEGEN_IMAGE_CLASSIFIER=f"shapes:{ROOT / 'models' / 'shapes-classifier-v3'}",
                           IMAGEGEN_SAFETY_POLICY=str(ROOT / "safety" / "policy.json"),
                           IMAGEGEN_PREVIEW_EVERY="4", IMAGEGEN_PREVIEW_MIN_INTERVAL="0")
     try:

@@ -1,7 +1,7 @@
 """Choose the demo classifier's thresholds on held-out generated images (the "calib" split).
 
     .venv/bin/python -m training.calibrate_classifier --data /tmp/imagegen-clfdata \\
-        --model models/shapes-classifier-v2 --write-policy safety/policy.json
+        --model models/shapes-classifier-v3 --write-policy safety/policy.json
 
 The demo policy has three thresholds for this classifier: star >= block -> block, star >= review
 -> review, heart >= review -> review (hearts never block). On the calib split (every menu size;
@@ -99,7 +99,7 @@ def search(data: dict) -> tuple[dict, dict]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True)
-    p.add_argument("--model", default="models/shapes-classifier-v2")
+    p.add_argument("--model", default="models/shapes-classifier-v3")
     p.add_argument("--split", default="calib")
     p.add_argument("--write-policy", default=None)
     a = p.parse_args(argv)

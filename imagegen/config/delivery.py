@@ -12,7 +12,7 @@ class Safety(Group):
     """The image gate and the safety policy (docs/safety_policy.md)."""
 
     image_classifier: str = setting(
-        f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v2'}",
+        f"shapes:{BASE_DIR / 'models' / 'shapes-classifier-v3'}",
         "`shapes:<dir>`, `hf:<dir>`, `sd-safety:<dir>`, `nudenet[:<file.onnx>]`, `python:<mod>:<cls>`, several "
         "comma-separated (the worst decision wins), or `none` (verdicts say \"unchecked\"); broken or empty fails closed")
     allow_unchecked_delivery: bool = setting(False, "production refuses to start with `IMAGEGEN_IMAGE_CLASSIFIER=none` "
