@@ -399,7 +399,10 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None, "persistAuthorization": True},
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus", "OutputFormatEnum": "jobs.models.OutputFormat"},
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "jobs.models.JobStatus", "OutputFormatEnum": "jobs.models.OutputFormat",
+                            # The OpenAI shapes' `object` fields: one enum per value, named after it.
+                            "ModelObjectEnum": ["model"], "ListObjectEnum": ["list"], "VideoObjectEnum": ["video"],
+                            "VideoDeletedObjectEnum": ["video.deleted"]},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "jobs.api.schema.document_plain_views"],
 }
 
