@@ -160,14 +160,20 @@ def workers(start_shared_worker):
 # The shipped video model (docs/video.md) on a GPU lane of its own, for the tests of video jobs.
 VIDEO_VERSION = "shapes-v2-motion"
 VIDEO_MODEL = ROOT / "models" / VIDEO_VERSION
-VIDEO_LANE_NAME = "vid"  # its worker's IMAGEGEN_MODEL_NAME: the lane is vid@shapes-v2-motion
+
+
+def video_lane_name() -> str:
+    """The video model's lane: <model name>@shapes-v2-motion, the name the session's cpu worker
+    admits its jobs to after their prompt check (scheduling/lanes.py lane_of)."""
+    return f"{settings.IMAGEGEN_MODEL_NAME}@{VIDEO_VERSION}"
 
 
 @pytest.fixture(scope="session")
 def video_worker(start_shared_worker, workers):
-    """A GPU worker serving the video model's lane, shared by the session (one model load)."""
-    return start_shared_worker("gpu-video", f"{settings.QUEUE_GPU_PREFIX}{VIDEO_LANE_NAME}@{VIDEO_VERSION}",
-                               IMAGEGEN_MODEL_NAME=VIDEO_LANE_NAME, IMAGEGEN_EXTRA_MODELS=f"{VIDEO_VERSION}={VIDEO_MODEL}",
+    """A GPU worker serving the video model's lane, shared by the session (one model load; used by
+    tests/test_video_jobs.py and tests/test_openai_videos.py)."""
+    return start_shared_worker("gpu-video", f"{settings.QUEUE_GPU_PREFIX}{video_lane_name()}",
+                               IMAGEGEN_EXTRA_MODELS=f"{VIDEO_VERSION}={VIDEO_MODEL}",
                                IMAGEGEN_FILL_WAIT="0.2", IMAGEGEN_PREVIEW_EVERY="2", IMAGEGEN_PREVIEW_MIN_INTERVAL="0")
 
 
@@ -177,7 +183,7 @@ def video_lane(transactional_db, video_worker):
     from django.test import override_settings
 
     with override_settings(IMAGEGEN_EXTRA_MODELS={VIDEO_VERSION: str(VIDEO_MODEL)}):
-        yield f"{VIDEO_LANE_NAME}@{VIDEO_VERSION}"
+        yield video_lane_name()
 
 
 @pytest.fixture

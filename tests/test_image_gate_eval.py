@@ -22,8 +22,8 @@ WANT = {"plain": "allow", "other": "allow", "star": "block", "heart": "review"}
 # (bench/results/image_gate_eval_shapes-v2_20_classifier-v3.json) has plain 98-100%, other
 # 98-100%, stars 98-100%, hearts 93-100% allowed/allowed/blocked/held across the sizes; v2, the
 # classifier before, blocked 80% of the 96x96 stars and held 83% of the hearts.
-SAMPLES = [((64, 64), 8, {"plain": 5 / 8, "other": 6 / 8, "star": 6 / 8, "heart": 5 / 8}),
-           ((96, 96), 4, {"plain": 2 / 4, "other": 3 / 4, "star": 3 / 4, "heart": 2 / 4})]
+SAMPLES = [((64, 64), 4, {"plain": 3 / 4, "other": 3 / 4, "star": 3 / 4, "heart": 3 / 4}),
+           ((96, 96), 4, {"plain": 3 / 4, "other": 3 / 4, "star": 3 / 4, "heart": 3 / 4})]
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,8 @@ from rest_framework.test import APIClient
 
 from jobs.api.openai.videos import job_id_of, video_id_of
 from jobs.models import FIRST_STAGE, GeneratedImage, GenerationJob
-from scheduling import lanes
 from tests.browser import sign_in
-from tests.conftest import ROOT, _started_workers, make_user, wait_until
+from tests.conftest import ROOT, make_user, wait_until
 from tests.live_server import start_daphne, stop_daphne
 from tests.test_web_page import browser_page  # noqa: F401  (the fixture)
 
@@ -34,22 +33,13 @@ PROMPT = "a red circle moving left to right on a blue background"
 
 pytestmark = pytest.mark.skipif(not (MOTION / "config.json").exists(), reason="the motion model is not in this checkout")
 
-start_module_worker = pytest.fixture(_started_workers, scope="module", name="start_module_worker")
-
-
 @pytest.fixture(scope="module")
-def video_server(worker_env, workers, start_module_worker):
-    """daphne serving the motion model beside the default one, and a GPU worker on its lane. The
-    lane is named under the deployment's model name (not tests/test_video_jobs.py's own "vid"):
-    the session's cpu worker, which admits the job after its prompt check, names it so."""
-    with override_settings(IMAGEGEN_EXTRA_MODELS=SERVED):
-        lane = lanes.lane_of(VERSION)
+def video_server(worker_env, workers, video_worker):
+    """daphne serving the motion model beside the default one; the session's GPU worker on the
+    video model's lane (tests/conftest.py video_worker) draws the clips."""
     extra = {"IMAGEGEN_EXTRA_MODELS": f"{VERSION}={MOTION}"}
-    worker = start_module_worker("gpu-openai-video", f"{settings.QUEUE_GPU_PREFIX}{lane}", wait=False,
-                                 IMAGEGEN_FILL_WAIT="0.2", **extra)
     server = start_daphne({**worker_env, **extra}, Path(settings.VAR_DIR), name="daphne-videos")  # the page's script too
     try:
-        worker.wait_ready()
         yield server
     finally:
         stop_daphne(server)

@@ -18,9 +18,9 @@ from jobs.media import credentials
 from jobs.media import video as media
 from jobs.media.storage import public_storage, quarantine_storage
 from jobs.models import GenerationJob
-from tests.conftest import VIDEO_LANE_NAME, VIDEO_MODEL, VIDEO_VERSION, admitted_to, wait_for_status, wait_until, watch_job
+from tests.conftest import VIDEO_MODEL, VIDEO_VERSION, admitted_to, wait_for_status, wait_until, watch_job
 
-VERSION, MOTION, LANE = VIDEO_VERSION, VIDEO_MODEL, VIDEO_LANE_NAME  # the lane: tests/conftest.py video_lane
+VERSION, MOTION = VIDEO_VERSION, VIDEO_MODEL  # on its lane: tests/conftest.py video_lane
 SERVED = {VERSION: str(MOTION)}
 CLIP = {"prompt": "a red circle moving left to right on a blue background", "frames": 16, "steps": 4, "seed": 5,
         "rewrite": "off"}
@@ -34,7 +34,7 @@ def read(key: str) -> bytes:
 
 
 def submit(api, lane: str, **body) -> dict:
-    with admitted_to(LANE, held=True):
+    with admitted_to(settings.IMAGEGEN_MODEL_NAME, held=True):
         response = api.post("/api/v1/jobs", {**CLIP, **body}, format="json")
     assert response.status_code == 202, response.content
     return response.json()
@@ -150,7 +150,7 @@ def test_one_frame_judged_unsafe_blocks_the_whole_clip_and_one_held_holds_it_for
 ])
 def test_frames_that_do_not_fit_are_a_400_naming_the_field(alice_api, body, field, said):
     payload = {"prompt": "a red circle moving left to right on a blue background", "rewrite": "off", **body}
-    with admitted_to(LANE, held=True):
+    with admitted_to(settings.IMAGEGEN_MODEL_NAME, held=True):
         response = alice_api.post("/api/v1/jobs", payload, format="json")
     if field is None:
         assert response.status_code == 202, response.content
