@@ -337,10 +337,8 @@ def warm_up(model: LoadedModel) -> float:
 
     if getattr(model, "is_video", False):
         from gpu_tasks.video_model import warm_up as warm_up_video
-        from scheduling import catalogue
 
-        served = next((m for m in catalogue.served().values() if m.path == getattr(model, "path", None)), None)
-        return warm_up_video(model, served.sizes if served and served.sizes else settings.IMAGEGEN_SIZE_MENU[:1])  # type: ignore[arg-type]
+        return warm_up_video(model)  # type: ignore[arg-type]
     started = time.monotonic()
     for width, height in settings.IMAGEGEN_SIZE_MENU:
         if width % 8 or height % 8:
@@ -374,7 +372,8 @@ def get_model(version: str | None = None) -> LoadedModel:
                     from gpu_tasks.video_model import VideoModel
 
                     _loaded[version] = VideoModel(served.path, Path(served.base), served.frames,  # type: ignore[assignment]
-                                                  settings.IMAGEGEN_DEVICE)
+                                                  settings.IMAGEGEN_DEVICE,
+                                                  served.sizes or settings.IMAGEGEN_SIZE_MENU)
                 else:
                     _loaded[version] = LoadedModel(catalogue.path_for(version), settings.IMAGEGEN_DEVICE, version)
         return _loaded[version]

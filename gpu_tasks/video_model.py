@@ -29,7 +29,7 @@ class VideoModel:
 
     is_video = True
 
-    def __init__(self, path: Path, base: Path, frames: int, device: str):
+    def __init__(self, path: Path, base: Path, frames: int, device: str, sizes=((64, 64),)):
         import torch
         from diffusers import (
             AnimateDiffPipeline,
@@ -46,6 +46,7 @@ class VideoModel:
             torch.set_num_threads(settings.IMAGEGEN_TORCH_THREADS)
         started = time.monotonic()
         self.path, self.base, self.frames, self.device = Path(path), Path(base), frames, device
+        self.sizes = tuple(sizes)  # the menu sizes it draws (its serving.json `sizes`)
         if not (self.base / "unet").is_dir():
             raise FileNotFoundError(f"the video model {self.path} animates {self.base}, which is not on disk")
         dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[settings.IMAGEGEN_DTYPE]
@@ -132,9 +133,9 @@ class VideoModel:
         return [p if p.size == size else p.resize(size, Image.Resampling.BILINEAR) for p in pictures]
 
 
-def warm_up(model: VideoModel, sizes) -> float:
+def warm_up(model: VideoModel) -> float:
     """One two-step clip at each of the model's sizes, so no request pays a first-call allocation."""
     started = time.monotonic()
-    for width, height in sizes:
+    for width, height in model.sizes:
         model.generate([Row("warm-up", 0, "warm up", "", 0)], width, height, 2, 1.0)
     return time.monotonic() - started

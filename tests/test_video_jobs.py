@@ -201,9 +201,9 @@ def test_the_media_route_serves_a_public_clips_own_files_with_byte_ranges(alice)
                            content_type="video/mp4", tier="public")
     prefix = f"v/{image.id.hex}/"
     mp4, playlist = bytes(range(256)) * 4, b"#EXTM3U\n"
-    publish_once(prefix + "video.mp4", mp4)
-    publish_once(prefix + "hls/master.m3u8", playlist)
-    publish_once(prefix + "extra.png", b"not listed")
+    publish_once(prefix + "video.mp4", lambda: mp4)
+    publish_once(prefix + "hls/master.m3u8", lambda: playlist)
+    publish_once(prefix + "extra.png", lambda: b"not listed")
     image.storage_key, image.media = prefix + "video.mp4", {"files": [prefix + "video.mp4", prefix + "hls/master.m3u8"]}
     image.save()
     client, url = Client(), f"/media/{prefix}"

@@ -4,6 +4,7 @@ moderator approves a held one (jobs/actions/review.py): docs/video.md."""
 from __future__ import annotations
 
 import hashlib
+from functools import partial
 
 from jobs.media.storage import publish_once, quarantine_storage
 from jobs.models import GeneratedImage, GenerationJob
@@ -15,7 +16,6 @@ def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
     immutable object under `v/<row id>/`. Returns the row's fields naming them (the caller writes
     them in the transaction that makes the row public). Idempotent: a file already public is read
     back, not written again (its credentials were signed once), so every run answers the same."""
-    # (A run that finds the MP4 public signs once more for nothing: milliseconds, on a duplicate only.)
     from PIL import Image
 
     from jobs.media import credentials, encoding, video
@@ -27,9 +27,9 @@ def publish_clip(image: GeneratedImage, job: GenerationJob) -> dict:
     prefix = f"v/{image.id.hex}/"
     parameters = encoding.ImageParameters.of(job, image.seed, job.negative_prompt)
     for file in package.files[1:]:  # the MP4 last: its object present means the set is
-        publish_once(prefix + file.name, file.data)  # a transient error: the publish stage retries (its row)
+        publish_once(prefix + file.name, partial(bytes, file.data))  # a transient error: the stage retries
     unsigned = package.file("video.mp4").data
-    mp4 = publish_once(prefix + "video.mp4", credentials.sign(unsigned, "mp4", parameters))
+    mp4 = publish_once(prefix + "video.mp4", lambda: credentials.sign(unsigned, "mp4", parameters))
     names = [prefix + f.name for f in package.files]
     fields = dict(
         byte_size=len(mp4), sha256=hashlib.sha256(mp4).hexdigest(), content_sha256=credentials.content_digest(unsigned),

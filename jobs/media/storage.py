@@ -16,7 +16,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -115,14 +115,15 @@ def store_bytes(data: bytes, storage: Storage, key: str | None = None) -> Stored
     return StoredObject(key=saved, sha256=hashlib.sha256(data).hexdigest(), byte_size=len(data))
 
 
-def publish_once(key: str, data: bytes) -> bytes:
-    """Write `data` as the public object `key` unless one is there already; returns the bytes the
+def publish_once(key: str, make: Callable[[], bytes]) -> bytes:
+    """Write `make()` as the public object `key` unless one is there already; returns the bytes the
     object holds (the first writer's: a clip's files are written once by the publish stage, and a
-    duplicate run reads back what the first one signed)."""
+    duplicate run reads back what the first one signed, without making them again)."""
     public = public_storage()
     if public.exists(key):
         with public.open(key, "rb") as f:
             return f.read()
+    data = make()
     store_bytes(data, public, key)
     return data
 
