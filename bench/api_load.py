@@ -350,12 +350,12 @@ def done_jobs(n: int, users: list[tuple[int, str]]) -> list[tuple[str, str]]:
     from django.conf import settings
     from django.utils import timezone
 
-    from jobs.models import GeneratedImage, GenerationJob
+    from jobs.models import GeneratedImage, GenerationJob, at
 
     now = timezone.now()
     jobs = [GenerationJob(owner_id=users[k % len(users)][0], prompt=f"a done job {k}", width=64, height=64, steps=20,
                           guidance_scale=5.0, seed=k, count=1, model_version=settings.IMAGEGEN_MODEL_VERSION,
-                          stage="done", progress_step=20, progress_total=20, scheduled_at=now, started_at=now,
+                          **at("done"), progress_step=20, progress_total=20, scheduled_at=now, started_at=now,
                           finished_at=now) for k in range(n)]
     GenerationJob.objects.bulk_create(jobs)
     GeneratedImage.objects.bulk_create([
@@ -388,7 +388,21 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
         "429_or_503_without_retry_after": no_retry_after,
         "refused_by": dict(sorted(refusals.items())),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, len(answered)), 2),
+        "by_second": by_second(answers),
     }
+
+
+def by_second(answers: list) -> list[dict]:
+    """Per second of sending: requests sent, their p50 and worst latency (ms): a tail made by a
+    stall shows as one bad second, a tail made by saturation as every second."""
+    if not answers:
+        return []
+    start = min(a[0] for a in answers)
+    out: dict[int, list[float]] = {}
+    for a in answers:
+        out.setdefault(int(a[0] - start), []).append(a[1])
+    return [{"second": k, "sent": len(v), "p50_ms": round(1000 * (pct(v, 0.5) or 0), 1),
+             "max_ms": round(1000 * max(v), 1)} for k, v in sorted(out.items())]
 
 
 def server_timing(header: str) -> dict[str, float]:

@@ -490,7 +490,7 @@ def _running_job(owner, count: int, tag: str):
     to see (a worker of the served lane took it again at once, running before it looked)."""
     from django.utils import timezone
 
-    from jobs.models import Batch, GenerationJob
+    from jobs.models import Batch, GenerationJob, at
     from scheduling.lanes import lane_of
 
     version = "storage-scenario"
@@ -498,7 +498,7 @@ def _running_job(owner, count: int, tag: str):
                                  guidance_scale=5.0, size=count, cap=count, lane=lane_of(version))
     return GenerationJob.objects.create(
         owner=owner, prompt=f"storage test {tag}", width=64, height=64, steps=2, guidance_scale=5.0,
-        seed=random.randrange(2**31), count=count, model_version=version, stage="generate",
+        seed=random.randrange(2**31), count=count, model_version=version, **at("generate"),
         attempts=1, started_at=timezone.now(), scheduled_at=timezone.now(), progress_total=2, batch=batch,
         lease_expires_at=timezone.now() + timezone.timedelta(seconds=60),
     )

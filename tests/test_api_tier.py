@@ -329,3 +329,12 @@ def test_the_refresher_recomputes_the_costly_entries_requests_found_stale_and_on
     assert json.loads(summary_lane.hget(key, f"new|{wanted}|1"))["at"] > made[wanted]["at"]
     assert json.loads(summary_lane.hget(key, f"new|{SHAPES[1]}|1"))["at"] == made[SHAPES[1]]["at"]  # nobody asked
     summary_lane.delete(queue_summary._alive_key())
+
+
+def test_the_summary_refresher_takes_at_most_its_share_of_a_core():
+    """After a pass that cost c CPU seconds the refresher waits c x (1/share - 1): a burst that
+    outdates every cheap entry at each submit cannot take the prompt checks' core (issue 48)."""
+    assert queue_summary.refresher_wait(0.0) == queue_summary.REFRESH_EVERY  # idle: as often as before
+    busy = 0.02
+    assert busy / (busy + queue_summary.refresher_wait(busy)) == pytest.approx(queue_summary.REFRESHER_SHARE)
+    assert queue_summary.refresher_wait(100.0) < queue_summary.ALIVE_TTL  # its liveness never lapses between passes

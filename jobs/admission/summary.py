@@ -26,7 +26,10 @@ made. A request never recomputes an entry that exists: a stale one (or one outda
 submit) answers as it is while it is recomputed off the request path, by the refresher thread
 of a cpu Celery worker (refresher_loop, started on worker_ready, every REFRESH_EVERY; one
 computer per entry across all of them, a Redis lock) when one is alive, asked for by a marker
-the request sends with its other counters; else by a thread of the web process. Until
+the request sends with its other counters; else by a thread of the web process. The refresher
+takes at most REFRESHER_SHARE of a core in all (it waits in proportion to what a pass cost), so
+under a burst an entry outdated by submits lags them by a few hundred milliseconds rather than
+taking the prompt checks' core. Until
 issue 33 a cheap entry was recomputed in the request that found it stale, which cost a submit
 eight Redis round trips each time one of its shape had come before. An entry older than
 IMAGEGEN_SUMMARY_MAX_AGE (no refresher: twice its freshness, at least STALE_GRACE), or
@@ -364,7 +367,12 @@ def queue_counts(model_name: str | None = None) -> dict[str, dict]:
 # --- the refresher: costly entries recomputed by a cpu worker, off the web processes ---
 
 ALIVE_TTL = 5.0
-REFRESH_EVERY = 0.05  # a submit's stale entry is recomputed this soon after
+REFRESH_EVERY = 0.05  # a submit's stale entry is recomputed this soon after (on an idle machine)
+# The refresher's share of a core, at most: after a pass that cost c CPU seconds it waits
+# c x (1/SHARE - 1) (and at least REFRESH_EVERY). Under a burst every submit outdates its shape's
+# cheap entries, and recomputing each as soon as allowed took most of a core of the cpu worker
+# that also runs the prompt checks (bench/api_load.py --run-command, issue 48 item 6).
+REFRESHER_SHARE = 0.1
 _stop = threading.Event()
 
 
@@ -409,8 +417,14 @@ def refresh_wanted(model: str) -> int:
     return done
 
 
+def refresher_wait(cost: float) -> float:
+    """Seconds to wait after a pass that cost `cost` CPU seconds (REFRESHER_SHARE)."""
+    return min(ALIVE_TTL / 2, max(REFRESH_EVERY, cost * (1.0 / REFRESHER_SHARE - 1.0)))
+
+
 def refresher_loop() -> None:
     while not _stop.is_set():
+        started = time.thread_time()
         try:
             get_redis().set(_alive_key(), "1", px=int(ALIVE_TTL * 1000))
             close_old_connections()
@@ -418,7 +432,7 @@ def refresher_loop() -> None:
                 refresh_wanted(lane_of(served))
         except Exception:  # Redis or the database away: the web processes compute for themselves
             log.exception("queue summary refresher")
-        _stop.wait(REFRESH_EVERY)
+        _stop.wait(refresher_wait(time.thread_time() - started))
 
 
 def start_refresher(sender=None, **kwargs) -> None:
