@@ -154,7 +154,8 @@ class OpenLoop:
             conn = await self._conn()
             status, headers, body = await asyncio.wait_for(conn.request(raw), self.timeout)
             keep = headers.get("connection", "").lower() != "close"
-            out.append((due, time.monotonic() - due, status, headers.get("retry-after"), _refusal(status, body)))
+            out.append((due, time.monotonic() - due, status, headers.get("retry-after"), _refusal(status, body),
+                        headers.get("server-timing", "")))
         except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError) as exc:
             out.append((due, time.monotonic() - due, f"error:{type(exc).__name__}", None))
         finally:
@@ -389,6 +390,9 @@ def figures(answers: list, seconds: float, cpu: float) -> dict:
         "refused_by": dict(sorted(refusals.items())),
         "web_cpu_ms_per_request": round(1000 * cpu / max(1, len(answered)), 2),
         "by_second": by_second(answers),
+        "slowest": [{"at_s": round(a[0] - min(b[0] for b in answers), 2), "ms": round(1000 * a[1], 1),
+                     "server": server_timing(a[5]) if len(a) > 5 and a[5] else None}
+                    for a in sorted(answers, key=lambda a: -a[1])[:8]],
     }
 
 
