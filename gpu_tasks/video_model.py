@@ -59,6 +59,9 @@ class VideoModel:
             scheduler=DPMSolverMultistepScheduler.from_pretrained(self.base, subfolder="scheduler"),
         )
         self.pipe.set_progress_bar_config(disable=True)
+        from gpu_tasks import motion_text
+
+        motion_text.attach(self.pipe.unet, self.path, dtype)  # the caption to the temporal layers, where it ships
         self.pipe.to(device)
         self.preview_net = preview_net.load(self.base, 4) if settings.IMAGEGEN_PREVIEW_DECODER else None
         if self.preview_net is not None:

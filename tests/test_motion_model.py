@@ -93,3 +93,37 @@ def test_the_shipped_adapter_makes_16_frames_of_64x64_in_animatediff_pipeline(pi
 def test_the_shipped_motion_model_stays_under_its_size_bound():
     size = sum(f.stat().st_size for f in MOTION_DIR.rglob("*") if f.is_file())
     assert 0 < size <= 16 * 1024 * 1024, size   # README: models/shapes-v2-motion <= 16 MB
+
+
+def test_the_caption_conditioner_starts_as_a_no_op_learns_through_its_hooks_and_round_trips(pipe, tmp_path):
+    """gpu_tasks/motion_text.py: fresh (zero projections) it leaves the UNet's output exactly as
+    it was; with weights it changes it per caption; saved and attached, it gives the same output."""
+    from diffusers import MotionAdapter, UNet2DConditionModel, UNetMotionModel
+
+    from gpu_tasks import motion_text
+
+    def bare_unet():  # the adapter over shapes-v2, without the conditioner the folder may ship
+        return UNetMotionModel.from_unet2d(UNet2DConditionModel.from_pretrained(ROOT / "models" / "shapes-v2", subfolder="unet"),
+                                           MotionAdapter.from_pretrained(MOTION_DIR)).float().eval()
+
+    torch.set_num_threads(1)
+    unet = bare_unet()
+    torch.manual_seed(0)
+    sample = torch.randn(2, 4, 8, 16, 16)
+    states = torch.randn(2, 24, pipe.text_encoder.config.hidden_size).repeat_interleave(8, dim=0)
+    with torch.no_grad():
+        bare = unet(sample, 500, encoder_hidden_states=states).sample
+        cond = motion_text.for_unet(unet, pipe.text_encoder.config.hidden_size)
+        handles = motion_text.hook(unet, cond)
+        torch.testing.assert_close(unet(sample, 500, encoder_hidden_states=states).sample, bare)
+        for proj in cond.out:
+            proj.weight.normal_(0, 0.05)
+        moved = unet(sample, 500, encoder_hidden_states=states).sample
+        assert (moved - bare).abs().max() > 1e-3
+        for h in handles:
+            h.remove()
+        motion_text.save(cond, tmp_path)
+        again = bare_unet()
+        assert motion_text.attach(again, tmp_path) is not None
+        torch.testing.assert_close(again(sample, 500, encoder_hidden_states=states).sample, moved, atol=2e-3, rtol=1e-2)
+    assert motion_text.attach(again, tmp_path / "none") is None

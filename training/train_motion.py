@@ -157,6 +157,9 @@ def load_pipeline(motion_dir: str | Path = OUT, base: str | Path = BASE, dtype=t
         scheduler=DPMSolverMultistepScheduler.from_pretrained(base, subfolder="scheduler"),
     )
     pipe.set_progress_bar_config(disable=True)
+    from gpu_tasks import motion_text
+
+    motion_text.attach(pipe.unet, motion_dir, dtype)  # the caption to the temporal layers, where it ships
     return pipe
 
 
@@ -190,8 +193,9 @@ def encode_pool(vae, n: int, seed: int, cache: Path, batch: int = 256) -> tuple[
 
 
 # ----------------------------------------------------------------------------- saving
-def save(out: Path, motion_sd, emb_rows: torch.Tensor, fresh: torch.Tensor, te, tok, meta: dict) -> None:
-    """The adapter (fp16), the extended tokenizer and text encoder (fp32, as shapes-v2's), the meta."""
+def save(out: Path, motion_sd, emb_rows: torch.Tensor, fresh: torch.Tensor, te, tok, meta: dict, cond=None) -> None:
+    """The adapter (fp16), the extended tokenizer and text encoder (fp32, as shapes-v2's), the
+    caption's conditioner of the temporal layers when trained (gpu_tasks/motion_text.py), the meta."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
@@ -201,6 +205,10 @@ def save(out: Path, motion_sd, emb_rows: torch.Tensor, fresh: torch.Tensor, te, 
         te_out.get_input_embeddings().weight[fresh] = emb_rows
     te_out.save_pretrained(tmp / "text_encoder", safe_serialization=True)
     tok.save_pretrained(tmp / "tokenizer")
+    if cond is not None:
+        from gpu_tasks import motion_text
+
+        motion_text.save(cond, tmp)
     (tmp / "training_info.json").write_text(json.dumps(meta, indent=1))
     for f in [tmp, *tmp.rglob("*")]:              # mkdtemp's 0700 and safetensors' 0600: readable as models/ is
         f.chmod(0o755 if f.is_dir() else 0o644)
@@ -232,6 +240,14 @@ def main(argv=None):
     p.add_argument("--max-minutes", type=float, default=0)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--warm-from", default=None,
+                   help="start from a shipped motion folder (its adapter, its motion words' rows and its conditioner, "
+                        "the EMA weights) with a fresh optimiser: how a run continues without var/'s state")
+    p.add_argument("--text-cond", action="store_true",
+                   help="train the caption's conditioner of the temporal layers (gpu_tasks/motion_text.py)")
+    p.add_argument("--cond-lr", type=float, default=1e-3)
+    p.add_argument("--high-noise", type=float, default=0.0,
+                   help="share of timesteps drawn from the noisiest 40%% (where a clip's layout and path are decided)")
     p.add_argument("--time-steps", type=int, default=0, help="only time this many steps (no saving), then exit")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -262,8 +278,29 @@ def train(args) -> None:
     emb_weight.register_hook(lambda g: g * fresh.view(-1, 1).to(g.dtype))
     log(f"tokenizer: {len(base_tok)} -> {len(tok)} tokens ({int(fresh.sum())} new rows)")
 
-    unet = make_motion_unet(unet2d)
+    warm = Path(args.warm_from) if args.warm_from else None
+    if warm is not None:
+        from diffusers import MotionAdapter
+
+        unet = make_motion_unet(unet2d, MotionAdapter.from_pretrained(warm).float())
+        warm_te = CLIPTextModel.from_pretrained(warm, subfolder="text_encoder").float()
+        assert CLIPTokenizer.from_pretrained(warm, subfolder="tokenizer").get_vocab() == tok.get_vocab(), \
+            "the warm start's tokenizer is not this one"
+        with torch.no_grad():
+            emb_weight[fresh] = warm_te.get_input_embeddings().weight[fresh]
+        log(f"warm start from {warm}")
+    else:
+        unet = make_motion_unet(unet2d)
     trainable = [p_ for p_ in unet.parameters() if p_.requires_grad]
+    cond = None
+    if args.text_cond:
+        from gpu_tasks import motion_text
+
+        cond = (motion_text.load(warm) if warm is not None else None) or \
+            motion_text.for_unet(unet, te.config.hidden_size)
+        cond.train().requires_grad_(True)
+        motion_text.hook(unet, cond)
+        log(f"caption conditioner of the temporal layers: {sum(p_.numel() for p_ in cond.parameters()):,} params")
     log(f"motion module params: {sum(p_.numel() for p_ in trainable):,}; frozen UNet params: "
         f"{sum(p_.numel() for p_ in unet.parameters() if not p_.requires_grad):,}")
     old_rows = emb_weight.detach()[~fresh].clone()
@@ -273,8 +310,13 @@ def train(args) -> None:
 
     ema_sd = {k: v.detach().clone() for k, v in motion_state(unet).items()}
     ema_emb = emb_weight.detach()[fresh].clone()
-    opt = torch.optim.AdamW([{"params": trainable, "lr": args.lr, "weight_decay": 0.01},
-                             {"params": [emb_weight], "lr": args.emb_lr, "weight_decay": 0.0}])
+    groups = [{"params": trainable, "lr": args.lr, "weight_decay": 0.01},
+              {"params": [emb_weight], "lr": args.emb_lr, "weight_decay": 0.0}]
+    ema_cond = None
+    if cond is not None:
+        groups.append({"params": list(cond.parameters()), "lr": args.cond_lr, "weight_decay": 0.0})
+        ema_cond = copy.deepcopy(cond).requires_grad_(False)
+    opt = torch.optim.AdamW(groups)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, args.warmup, args.steps))
     noise_sched = make_train_scheduler()
     acp = noise_sched.alphas_cumprod
@@ -286,6 +328,9 @@ def train(args) -> None:
         with torch.no_grad():
             emb_weight[fresh] = st["emb_rows"]
         ema_sd, ema_emb = st["ema_motion"], st["ema_emb"]
+        if cond is not None:
+            cond.load_state_dict(st["cond"])
+            ema_cond.load_state_dict(st["ema_cond"])
         opt.load_state_dict(st["opt"])
         sched.load_state_dict(st["sched"])
         torch.set_rng_state(st["torch_rng"])
@@ -306,6 +351,9 @@ def train(args) -> None:
         z0 = lat[idx].permute(0, 2, 1, 3, 4)                     # B, C, F, H, W
         noise = torch.randn_like(z0)
         t = torch.randint(0, 1000, (args.batch,))
+        if args.high_noise > 0:
+            high = torch.rand(args.batch) < args.high_noise
+            t = torch.where(high, torch.randint(600, 1000, (args.batch,)), t)
         a = acp[t].view(-1, 1, 1, 1, 1)
         zt = a.sqrt() * z0 + (1 - a).sqrt() * noise
         target = a.sqrt() * noise - (1 - a).sqrt() * z0         # v-prediction
@@ -320,7 +368,7 @@ def train(args) -> None:
             loss = per.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable + [emb_weight], 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable + [emb_weight] + (list(cond.parameters()) if cond is not None else []), 1.0)
         opt.step()
         sched.step()
         assert torch.equal(emb_weight.detach()[~fresh], old_rows), "a shapes-v2 word's embedding moved"
@@ -330,6 +378,9 @@ def train(args) -> None:
             for k, v in ema_sd.items():
                 v.mul_(decay).add_(cur[k].detach(), alpha=1 - decay)
             ema_emb.mul_(decay).add_(emb_weight.detach()[fresh], alpha=1 - decay)
+            if cond is not None:
+                for e, c in zip(ema_cond.parameters(), cond.parameters(), strict=True):
+                    e.mul_(decay).add_(c.detach(), alpha=1 - decay)
         loss_avg = loss.item() if loss_avg is None else 0.98 * loss_avg + 0.02 * loss.item()
         done = step + 1
         s_per_step = (time.time() - t0) / (done - start)
@@ -350,12 +401,14 @@ def train(args) -> None:
                         held_out=sorted(" ".join(x) for x in motion_data.HELD_OUT),
                         new_words=motion_data.vocabulary(), default_inference_steps=DEFAULT_STEPS,
                         default_guidance_scale=DEFAULT_GUIDANCE)
-            save(Path(args.out), ema_sd, ema_emb, fresh, te, tok, meta)
+            save(Path(args.out), ema_sd, ema_emb, fresh, te, tok, meta, ema_cond)
             state_path.parent.mkdir(parents=True, exist_ok=True)
             tmp_state = state_path.with_name(state_path.name + ".tmp")
             torch.save(dict(motion=motion_state(unet), emb_rows=emb_weight.detach()[fresh].clone(), ema_motion=ema_sd,
                             ema_emb=ema_emb, opt=opt.state_dict(), sched=sched.state_dict(),
-                            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done), tmp_state)
+                            torch_rng=torch.get_rng_state(), np_rng=rng.bit_generator.state, step=done,
+                            cond=cond.state_dict() if cond is not None else None,
+                            ema_cond=ema_cond.state_dict() if ema_cond is not None else None), tmp_state)
             tmp_state.replace(state_path)
             log(f"checkpoint at step {done} -> {args.out}")
         if out_of_time:
