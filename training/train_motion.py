@@ -210,6 +210,8 @@ def save(out: Path, motion_sd, emb_rows: torch.Tensor, fresh: torch.Tensor, te, 
 
         motion_text.save(cond, tmp)
     (tmp / "training_info.json").write_text(json.dumps(meta, indent=1))
+    if (out / "serving.json").exists():  # how the service serves it is not the training's to drop
+        (tmp / "serving.json").write_bytes((out / "serving.json").read_bytes())
     for f in [tmp, *tmp.rglob("*")]:              # mkdtemp's 0700 and safetensors' 0600: readable as models/ is
         f.chmod(0o755 if f.is_dir() else 0o644)
     replace_folder(tmp, out)
